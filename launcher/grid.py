@@ -1,0 +1,311 @@
+"""Sweep files: load, validate, expand into runs.
+
+A sweep file (DESIGN.md, "Grid YAML") names a base recipe and the axes to vary. `load_sweep`
+validates every key and value against RecipeConfig before anything touches the store; `expand`
+is a pure function from the validated spec to the list of runs.
+
+Expansion: points = cartesian product of the `grid` axes x the `zip` positions; for each point,
+the point itself plus one run per `ablate` entry (the point with that one change); runs matching
+an `exclude` entry are dropped (ablated runs too: an excluded combination never runs); each
+remaining run once per seed; runs whose resolved configs are identical are one run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from recipe.config import ConfigError, RecipeConfig, canonical_json, check_value, closest, flatten, resolve
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+TOP_LEVEL_KEYS = ("name", "description", "recipe", "grid", "zip", "ablate", "exclude", "seeds", "budget", "resources")
+BUDGET_KEYS = ("steps", "gpu_hours", "flops")
+# Keys a grid's `resources:` may set; `profile` points to a cluster profile in slurm/profiles.
+RESOURCE_KEYS = (
+    "profile",
+    "nodes",
+    "gpus_per_node",
+    "generator_gpus",
+    "cpus_per_task",
+    "mem_gb",
+    "timeout_min",
+    "partition",
+    "account",
+    "qos",
+    "constraint",
+    "array_parallelism",
+    "setup",
+)
+
+
+class GridError(ValueError):
+    """A problem in a sweep file, naming the file, the key, the value and what is allowed."""
+
+    def __init__(self, path: Path | str, key: str, message: str):
+        super().__init__(f"{path}: {key}: {message}")
+        self.path, self.key, self.detail = str(path), key, message
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    path: str
+    recipe: dict[str, Any]  # dotted key -> value: the base every run starts from
+    grid: dict[str, list[Any]]
+    zip: list[dict[str, list[Any]]]
+    ablate: list[dict[str, Any]]
+    exclude: list[dict[str, Any]]
+    seeds: list[int]
+    resources: dict[str, Any]
+    raw: dict[str, Any] = field(repr=False)  # the file as loaded, overrides applied
+
+    @property
+    def axis_keys(self) -> list[str]:
+        """Recipe keys that vary across the sweep, in file order."""
+        keys: list[str] = list(self.grid)
+        for group in self.zip:
+            keys += [k for k in group if k not in keys]
+        for change in self.ablate:
+            keys += [k for k in change if k not in keys]
+        return keys
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    id: str
+    position: int
+    config: RecipeConfig
+    axes: dict[str, Any]  # what distinguishes this run: axis values, seed, ablation
+
+    @property
+    def budget(self) -> dict[str, Any]:
+        return self.config.to_dict()["budget"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and validation
+
+
+def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:
+    """Read a sweep file, apply `key=value` overrides (OmegaConf dot-list), validate everything."""
+    path = Path(path)
+    if not path.is_file():
+        raise GridError(path, "file", "no such file")
+    try:
+        conf = OmegaConf.load(path)
+        if overrides:
+            conf = OmegaConf.merge(conf, OmegaConf.from_dotlist(list(overrides)))
+        raw = OmegaConf.to_container(conf, resolve=True)
+    except (OmegaConfBaseException, ValueError, OSError) as exc:
+        raise GridError(path, "file", f"cannot parse: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise GridError(path, "file", "the top level must be a mapping")
+    return _validate(path, raw)
+
+
+def _validate(path: Path, raw: dict[str, Any]) -> SweepSpec:
+    for key in raw:
+        if key not in TOP_LEVEL_KEYS:
+            hint = closest(str(key), TOP_LEVEL_KEYS)
+            raise GridError(
+                path,
+                str(key),
+                f"unknown top-level key{f' (did you mean {hint!r}?)' if hint else ''}; allowed: {', '.join(TOP_LEVEL_KEYS)}",
+            )
+    name = raw.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise GridError(
+            path, "name", f"invalid sweep name {name!r}: 1-64 characters of letters, digits, '.', '_', '-', not starting with '.', '_' or '-'"
+        )
+
+    recipe = _mapping(path, raw, "recipe")
+    base = {k: _check(path, f"recipe.{k}", k, v) for k, v in flatten(recipe).items()}
+    base.update(_budget(path, raw))
+
+    grid = {k: _values(path, f"grid.{k}", k, v) for k, v in _mapping(path, raw, "grid").items()}
+    zips = [_zip_group(path, i, group) for i, group in enumerate(_list(path, raw, "zip"))]
+    ablate = _ablate(path, raw.get("ablate"))
+    exclude = [_change(path, f"exclude[{i}]", e) for i, e in enumerate(_list(path, raw, "exclude"))]
+    seeds = _seeds(path, raw.get("seeds", [0]))
+    resources = _resources(path, _mapping(path, raw, "resources"))
+
+    varied = list(grid)
+    for i, group in enumerate(zips):
+        for key in group:
+            if key in varied:
+                raise GridError(path, f"zip[{i}].{key}", "this key is already an axis; an axis can vary in one place only")
+            varied.append(key)
+
+    spec = SweepSpec(
+        name=name, path=str(path), recipe=base, grid=grid, zip=zips, ablate=ablate,
+        exclude=exclude, seeds=seeds, resources=resources, raw=raw,
+    )  # fmt: skip
+    return spec
+
+
+def _check(path: Path, where: str, key: str, value: Any) -> Any:
+    try:
+        return check_value(key, value)
+    except ConfigError as exc:
+        raise GridError(path, where, exc.detail) from None
+
+
+def _mapping(path: Path, raw: dict[str, Any], key: str) -> dict[str, Any]:
+    value = raw.get(key) or {}
+    if not isinstance(value, dict):
+        raise GridError(path, key, f"must be a mapping, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _list(path: Path, raw: dict[str, Any], key: str) -> list[Any]:
+    value = raw.get(key) or []
+    if not isinstance(value, list):
+        raise GridError(path, key, f"must be a list, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _values(path: Path, where: str, key: str, values: Any, *, unique: bool = True) -> list[Any]:
+    if not isinstance(values, list) or not values:
+        raise GridError(path, where, f"an axis takes a non-empty list of values, got {values!r}")
+    checked = [_check(path, where, key, v) for v in values]
+    if unique and len({repr(v) for v in checked}) != len(checked):
+        raise GridError(path, where, f"repeated values in {values!r}")
+    return checked
+
+
+def _zip_group(path: Path, index: int, group: Any) -> dict[str, list[Any]]:
+    where = f"zip[{index}]"
+    if not isinstance(group, dict) or not group:
+        raise GridError(path, where, f"each zip entry is a mapping of axes to equally long lists, got {group!r}")
+    out = {k: _values(path, f"{where}.{k}", k, v, unique=False) for k, v in group.items()}
+    lengths = {k: len(v) for k, v in out.items()}
+    if len(set(lengths.values())) > 1:
+        raise GridError(path, where, f"zipped axes must have equal lengths, got {lengths}")
+    return out
+
+
+def _change(path: Path, where: str, entry: Any) -> dict[str, Any]:
+    if not isinstance(entry, dict) or not entry:
+        raise GridError(path, where, f"must be a mapping of recipe keys to values, got {entry!r}")
+    return {k: _check(path, f"{where}.{k}", k, v) for k, v in flatten(entry).items()}
+
+
+def _ablate(path: Path, raw: Any) -> list[dict[str, Any]]:
+    """`{key: value, ...}`: one entry per key; or a list of mappings for multi-key changes."""
+    if raw is None:
+        return []
+    if isinstance(raw, dict):
+        return [{k: _check(path, f"ablate.{k}", k, v)} for k, v in flatten(raw).items()]
+    if isinstance(raw, list):
+        return [_change(path, f"ablate[{i}]", e) for i, e in enumerate(raw)]
+    raise GridError(path, "ablate", f"must be a mapping or a list of mappings, got {raw!r}")
+
+
+def _seeds(path: Path, raw: Any) -> list[int]:
+    seeds = raw if isinstance(raw, list) else [raw]
+    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+        raise GridError(path, "seeds", f"must be a non-negative integer or a non-empty list of them, got {raw!r}")
+    if len(set(seeds)) != len(seeds):
+        raise GridError(path, "seeds", f"repeated seeds in {raw!r}")
+    return seeds
+
+
+def _budget(path: Path, raw: dict[str, Any]) -> dict[str, Any]:
+    """The sweep's `budget:` replaces the recipe's budget as a whole (unset limits are off)."""
+    budget = _mapping(path, raw, "budget")
+    if not budget:
+        return {}
+    for key in budget:
+        if key not in BUDGET_KEYS:
+            hint = closest(str(key), BUDGET_KEYS)
+            raise GridError(
+                path, f"budget.{key}", f"unknown key{f' (did you mean {hint!r}?)' if hint else ''}; allowed: {', '.join(BUDGET_KEYS)}"
+            )
+    return {f"budget.{k}": _check(path, f"budget.{k}", f"budget.{k}", budget.get(k)) for k in BUDGET_KEYS}
+
+
+def _resources(path: Path, resources: dict[str, Any]) -> dict[str, Any]:
+    for key in resources:
+        if key not in RESOURCE_KEYS:
+            hint = closest(str(key), RESOURCE_KEYS)
+            raise GridError(
+                path,
+                f"resources.{key}",
+                f"unknown key{f' (did you mean {hint!r}?)' if hint else ''}; allowed: {', '.join(RESOURCE_KEYS)}",
+            )
+    return dict(resources)
+
+
+# ---------------------------------------------------------------------------------------------
+# Expansion (pure)
+
+
+def expand(spec: SweepSpec) -> list[RunPlan]:
+    """The runs of a sweep, in a stable order, without duplicates."""
+    points: list[dict[str, Any]] = [{}]
+    for key, values in spec.grid.items():
+        points = [p | {key: v} for p in points for v in values]
+    for group in spec.zip:
+        positions = [dict(zip(group, vals)) for vals in zip(*group.values())]
+        points = [p | pos for p in points for pos in positions]
+
+    variants: list[tuple[dict[str, Any], str | None]] = []
+    for point in points:
+        variants.append((point, None))
+        variants += [(point | change, _label(change)) for change in spec.ablate]
+
+    resolved = []
+    for values, ablation in variants:
+        for seed in spec.seeds:
+            config = _resolve(spec, {**spec.recipe, **values, "seed": seed}, values)
+            if not _excluded(spec, config):
+                resolved.append((run_id(spec.name, config), config, ablation, seed))
+    # An ablation that lands on another grid point is that point: label it as the point.
+    grid_point_ids = {rid for rid, _, ablation, _ in resolved if ablation is None}
+
+    axis_keys = spec.axis_keys
+    plans: list[RunPlan] = []
+    seen: set[str] = set()
+    for rid, config, ablation, seed in resolved:
+        if rid in seen or (ablation is not None and rid in grid_point_ids):
+            continue
+        seen.add(rid)
+        axes = {k: config.get(k) for k in axis_keys}
+        if spec.ablate:
+            axes["ablate"] = ablation or "base"
+        if len(spec.seeds) > 1:
+            axes["seed"] = seed
+        plans.append(RunPlan(id=rid, position=len(plans), config=config, axes=axes))
+    return plans
+
+
+def run_id(sweep_name: str, config: RecipeConfig) -> str:
+    """Short hash of the sweep name and the resolved config, budget left out: raising a sweep's
+    budget extends its runs instead of starting new ones."""
+    body = config.to_dict()
+    body.pop("budget")
+    return hashlib.sha256(f"{sweep_name}\n{canonical_json(body)}".encode()).hexdigest()[:12]
+
+
+def _resolve(spec: SweepSpec, flat: dict[str, Any], values: dict[str, Any]) -> RecipeConfig:
+    try:
+        return resolve(flat)
+    except ConfigError as exc:
+        at = ", ".join(f"{k}={v}" for k, v in values.items()) or "the base recipe"
+        raise GridError(spec.path, exc.key, f"{exc.detail} (in the run with {at})") from None
+
+
+def _excluded(spec: SweepSpec, config: RecipeConfig) -> bool:
+    return any(all(config.get(k) == v for k, v in entry.items()) for entry in spec.exclude)
+
+
+def _label(change: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in change.items())
+

@@ -1,0 +1,503 @@
+"""The recipe's configuration: one validated, torch-free dataclass tree.
+
+Every ScaleRL knob (DESIGN.md, "Recipe") is one field. Defaults are the paper's, except where a
+field names the built-in CPU task and model, which is what runs when nothing else is given.
+
+This module is imported by the launcher to validate grids on a login node, so it must never
+import torch, vllm or deepspeed. It also owns the files that hand a run from the launcher to the
+recipe (see `write_run_files`).
+
+Dotted keys (`loss.aggregation`) address fields; `async` is spelled `async_` in Python.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import functools
+import json
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+
+class ConfigError(ValueError):
+    """A key or value that the recipe does not accept.
+
+    The message names the key, the bad value, what is allowed and the closest match.
+    """
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.detail = message
+
+
+class NotAvailableError(RuntimeError):
+    """A knob value that is validated but not implemented by this engine yet."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The tree
+
+
+@dataclass(frozen=True)
+class Range:
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False  # lo itself is not allowed
+
+    def check(self, key: str, value: float | None) -> None:
+        if value is None:
+            return
+        if self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo)):
+            bound = f"> {self.lo}" if self.lo_open else f">= {self.lo}"
+            raise ConfigError(key, f"invalid value {value!r}; must be {bound}" + (f" and <= {self.hi}" if self.hi is not None else ""))
+        if self.hi is not None and value > self.hi:
+            raise ConfigError(key, f"invalid value {value!r}; must be <= {self.hi}")
+
+
+def bounded(default: Any, *, lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> Any:
+    """A numeric field with an allowed range, checked on construction and by `check_value`."""
+    return field(default=default, metadata={"range": Range(lo, hi, lo_open)})
+
+
+@dataclass(kw_only=True)
+class Section:
+    """A config section: checks its fields' ranges, then its cross-field rules (`check`)."""
+
+    KEY: typing.ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if "range" in f.metadata:
+                key = f"{self.KEY}.{f.name}" if self.KEY else f.name
+                f.metadata["range"].check(key, getattr(self, f.name))
+        self.check()
+
+    def check(self) -> None:
+        """Rules that involve several fields."""
+
+
+@dataclass(kw_only=True)
+class ModelConfig(Section):
+    KEY = "model"
+    path: str = "builtin:sort6-tiny"
+    """A Hugging Face model directory, or `builtin:sort6-tiny` (generated locally, no download)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """auto: bfloat16 on GPU, float32 on CPU."""
+
+
+@dataclass(kw_only=True)
+class DataConfig(Section):
+    KEY = "data"
+    task: Literal["sort6", "math-jsonl"] = "sort6"
+    """sort6: the built-in task (sort the 6 digits of two 3-digit numbers). math-jsonl: files below."""
+    train: str = ""
+    valid: str = ""
+    num_train_prompts: int = bounded(20000, lo=1)
+    num_valid_prompts: int = bounded(256, lo=1)
+
+    def check(self) -> None:
+        if self.task == "math-jsonl" and not (self.train and self.valid):
+            raise ConfigError("data.train", "math-jsonl needs data.train and data.valid (JSONL paths)")
+
+
+@dataclass(kw_only=True)
+class AsyncConfig(Section):
+    KEY = "async"
+    mode: Literal["pipeline", "ppo-offpolicy"] = "pipeline"
+    """pipeline: PipelineRL-k. ppo-offpolicy: generate k batches with one policy, then k steps."""
+    max_lag: int = bounded(8, lo=1)
+    """k: the oldest policy version a trainer step may use (pipeline), or batches per policy."""
+
+
+@dataclass(kw_only=True)
+class LossConfig(Section):
+    KEY = "loss"
+    type: Literal["cispo", "dapo", "gspo", "grpo"] = "cispo"
+    aggregation: Literal["prompt", "sample", "token"] = "prompt"
+    eps_max: float = bounded(5.0, lo=1.0)
+    """CISPO: the importance ratio is capped at this absolute value (TRL's convention)."""
+    clip_low: float = bounded(0.2, lo=0.0, hi=1.0)
+    """DAPO and GRPO: ratio clipped below at 1 - clip_low (GRPO clips symmetrically)."""
+    clip_high: float = bounded(0.28, lo=0.0, hi=1.0)
+    """DAPO: ratio clipped above at 1 + clip_high."""
+    gspo_clip_low: float = bounded(3e-3, lo=0.0, hi=1.0)
+    gspo_clip_high: float = bounded(5e-3, lo=0.0, hi=1.0)
+
+
+@dataclass(kw_only=True)
+class AdvantageConfig(Section):
+    KEY = "advantage"
+    norm: Literal["batch", "prompt", "none"] = "batch"
+    """A = r - mean(group r), divided by the std of the batch's / the group's advantages, or not."""
+
+
+@dataclass(kw_only=True)
+class PrecisionConfig(Section):
+    KEY = "precision"
+    lm_head_fp32: bool = True
+
+
+@dataclass(kw_only=True)
+class FilterConfig(Section):
+    KEY = "filter"
+    zero_variance: bool = True
+    """Drop groups whose rewards are all equal from the loss (no refill)."""
+    no_positive_resampling: bool = True
+    """A prompt whose pass rate reaches `npr_threshold` leaves the training set for good."""
+    npr_threshold: float = bounded(0.9, lo=0.0, hi=1.0)
+
+
+@dataclass(kw_only=True)
+class LengthConfig(Section):
+    KEY = "length"
+    control: Literal["interrupt", "penalty", "none"] = "interrupt"
+    max_new_tokens: int = bounded(14336, lo=1)
+    """Generation cap; a task with shorter answers (sort6: 7 tokens) uses its own, smaller cap."""
+    interrupt_min: int = bounded(10240, lo=1)
+    interrupt_max: int = bounded(12288, lo=1)
+    """interrupt: thinking budget drawn from [interrupt_min, interrupt_max] tokens."""
+    penalty_max: int = bounded(14336, lo=1)
+    penalty_cache: int = bounded(2048, lo=1)
+    """penalty (DAPO): clip((penalty_max - |y|) / penalty_cache - 1, -1, 0) added to the reward."""
+
+    def check(self) -> None:
+        if self.interrupt_max < self.interrupt_min:
+            raise ConfigError(
+                "length.interrupt_max",
+                f"{self.interrupt_max} is below length.interrupt_min={self.interrupt_min}",
+            )
+
+
+@dataclass(kw_only=True)
+class BatchConfig(Section):
+    KEY = "batch"
+    prompts: int = bounded(48, lo=1)
+    generations: int = bounded(16, lo=2)
+
+
+@dataclass(kw_only=True)
+class OptimConfig(Section):
+    KEY = "optim"
+    lr: float = bounded(5e-7, lo=0.0, lo_open=True)
+    warmup_steps: int = bounded(100, lo=0)
+    weight_decay: float = bounded(0.01, lo=0.0)
+    eps: float = bounded(1e-15, lo=0.0, lo_open=True)
+    beta1: float = bounded(0.9, lo=0.0, hi=1.0)
+    beta2: float = bounded(0.999, lo=0.0, hi=1.0)
+    max_grad_norm: float = bounded(1.0, lo=0.0)
+    """0 disables gradient clipping."""
+
+
+@dataclass(kw_only=True)
+class EvalConfig(Section):
+    KEY = "eval"
+    every: int = bounded(100, lo=1)
+    samples: int = bounded(16, lo=1)
+    """k of mean@k: samples per held-out prompt."""
+    log_spaced: bool = True
+    """Also evaluate at steps 0, 1, 2, 4, 8, ... below `every`, where the curve moves fastest."""
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig(Section):
+    KEY = "checkpoint"
+    every: int = bounded(100, lo=1)
+    keep: int = bounded(2, lo=1)
+    """How many of the newest checkpoints to keep; older ones are deleted."""
+
+
+@dataclass(kw_only=True)
+class BudgetConfig(Section):
+    """When a run stops: the first of the limits that are set."""
+
+    KEY = "budget"
+    steps: int | None = bounded(None, lo=1)
+    gpu_hours: float | None = bounded(None, lo=0.0, lo_open=True)
+    flops: float | None = bounded(None, lo=0.0, lo_open=True)
+
+    def check(self) -> None:
+        if self.steps is None and self.gpu_hours is None and self.flops is None:
+            raise ConfigError("budget", "set at least one of budget.steps, budget.gpu_hours, budget.flops")
+
+
+@dataclass(kw_only=True)
+class EngineConfig(Section):
+    KEY = "engine"
+    generator: Literal["auto", "torch", "vllm"] = "auto"
+    """auto: vllm on GPU, a plain torch sampler on CPU."""
+    trainer: Literal["auto", "torch", "deepspeed"] = "auto"
+    """auto: deepspeed on GPU, plain torch on CPU."""
+    threads: int = bounded(1, lo=1)
+    """CPU threads for torch when no GPU is used."""
+
+
+@dataclass(kw_only=True)
+class RecipeConfig(Section):
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    async_: AsyncConfig = field(default_factory=AsyncConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    filter: FilterConfig = field(default_factory=FilterConfig)
+    length: LengthConfig = field(default_factory=LengthConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    budget: BudgetConfig = field(default_factory=lambda: BudgetConfig(steps=1000))
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    seed: int = bounded(0, lo=0)
+
+    # -- conversions -----------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Nested plain dict with the YAML spelling of keys (`async`, not `async_`)."""
+        return _to_dict(self)
+
+    def to_flat(self) -> dict[str, Any]:
+        return flatten(self.to_dict())
+
+    def canonical_json(self) -> str:
+        """The resolved config as JSON with sorted keys: the input of run ids."""
+        return canonical_json(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, nested: dict[str, Any]) -> "RecipeConfig":
+        """Validate and build from a nested dict of YAML keys; unset keys keep defaults."""
+        return resolve(flatten(nested))
+
+    def get(self, key: str) -> Any:
+        node: Any = self
+        for part in key.split("."):
+            node = getattr(node, _attr(part))
+        return node
+
+
+# ---------------------------------------------------------------------------------------------
+# Schema: what the grid validator checks keys and values against
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    key: str
+    type: Any
+    default: Any
+    allowed: tuple[Any, ...] | None  # the values of a Literal, else None
+    range: Range | None
+
+    def describe(self) -> str:
+        if self.allowed is not None:
+            return "one of " + ", ".join(repr(v) for v in self.allowed)
+        return _type_name(self.type)
+
+
+def schema() -> dict[str, FieldSpec]:
+    """Every leaf field of RecipeConfig by dotted key."""
+    return _SCHEMA
+
+
+def _build_schema(cls: type, prefix: str = "") -> dict[str, FieldSpec]:
+    out: dict[str, FieldSpec] = {}
+    hints = _hints(cls)
+    defaults = cls() if cls is not BudgetConfig else BudgetConfig(steps=1000)
+    for f in dataclasses.fields(cls):
+        key = prefix + _key(f.name)
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            out.update(_build_schema(tp, key + "."))
+            continue
+        allowed = typing.get_args(tp) if typing.get_origin(tp) is Literal else None
+        out[key] = FieldSpec(key, tp, getattr(defaults, f.name), allowed, f.metadata.get("range"))
+    return out
+
+
+def check_value(key: str, value: Any) -> Any:
+    """Check one dotted key and value against the schema; return the value, coerced (int -> float).
+
+    Raises ConfigError naming the key, the value, what is allowed and the closest match.
+    """
+    spec = _SCHEMA.get(key)
+    if spec is None:
+        raise ConfigError(key, unknown_key_message(key, _SCHEMA))
+    if spec.allowed is not None:
+        if value not in spec.allowed or isinstance(value, bool) != isinstance(spec.allowed[0], bool):
+            hint = closest(str(value), [str(v) for v in spec.allowed])
+            raise ConfigError(
+                key, f"invalid value {value!r}; allowed: {spec.describe()}" + (f" (did you mean {hint!r}?)" if hint else "")
+            )
+        return value
+    coerced = _coerce(spec.type, value)
+    if coerced is _INVALID:
+        raise ConfigError(key, f"invalid value {value!r}; expected {spec.describe()}")
+    if spec.range is not None:
+        spec.range.check(key, coerced)
+    return coerced
+
+
+def resolve(flat: dict[str, Any]) -> RecipeConfig:
+    """Defaults + dotted overrides -> a validated RecipeConfig."""
+    nested = copy.deepcopy(_DEFAULTS)
+    for key, value in flat.items():
+        checked = check_value(key, value)
+        parts = key.split(".")
+        node = nested
+        for part in parts[:-1]:
+            node = node[part]
+        node[parts[-1]] = checked
+    try:
+        return _build(RecipeConfig, nested)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:  # pragma: no cover - the schema check catches these
+        raise ConfigError("recipe", str(exc)) from exc
+
+
+def canonical_json(nested: dict[str, Any]) -> str:
+    return json.dumps(nested, sort_keys=True, separators=(",", ":"))
+
+
+def unknown_key_message(key: str, known: typing.Iterable[str]) -> str:
+    known = sorted(known)
+    hint = closest(key, known)
+    msg = f"unknown key {key!r}"
+    if hint:
+        msg += f" (did you mean {hint!r}?)"
+    section = key.split(".")[0]
+    siblings = [k for k in known if k.split(".")[0] == section]
+    return msg + "; allowed keys: " + ", ".join(siblings or known)
+
+
+def closest(word: str, candidates: typing.Iterable[str]) -> str | None:
+    matches = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def flatten(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'loss': {'type': 'cispo'}} -> {'loss.type': 'cispo'}; leaves that are lists stay lists."""
+    out: dict[str, Any] = {}
+    for key, value in nested.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Run directories: the launcher writes them, `python -m recipe RUN_DIR` reads them.
+#
+# RUN_DIR/config.yaml   the resolved RecipeConfig
+# RUN_DIR/run.json      run id, sweep and database URL (mode 0600: the URL may hold a password)
+# RUN_DIR/logs/         one stdout/stderr pair per attempt
+# RUN_DIR/checkpoints/  written by the recipe
+
+CONFIG_FILE = "config.yaml"
+RUN_FILE = "run.json"
+
+
+def write_run_files(run_dir: str | Path, *, run_id: str, sweep: str, db_url: str, config: RecipeConfig) -> Path:
+    """Create or refresh a run directory; checkpoints and logs already there are kept."""
+    from omegaconf import OmegaConf
+
+    run_dir = Path(run_dir)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    header = f"# scalesweep run {run_id} of sweep {sweep}: the resolved recipe config\n"
+    _atomic_write(run_dir / CONFIG_FILE, header + OmegaConf.to_yaml(config.to_dict()), mode=0o644)
+    info = {"run_id": run_id, "sweep": sweep, "db_url": db_url}
+    _atomic_write(run_dir / RUN_FILE, json.dumps(info, indent=2) + "\n", mode=0o600)
+    return run_dir
+
+
+def read_run_files(run_dir: str | Path) -> tuple[dict[str, Any], RecipeConfig]:
+    """(the contents of run.json, the validated config)."""
+    from omegaconf import OmegaConf
+
+    run_dir = Path(run_dir)
+    info = json.loads((run_dir / RUN_FILE).read_text())
+    nested = OmegaConf.to_container(OmegaConf.load(run_dir / CONFIG_FILE), resolve=True)
+    if not isinstance(nested, dict):
+        raise ConfigError(str(run_dir / CONFIG_FILE), "the file must hold a mapping")
+    return info, RecipeConfig.from_dict(nested)
+
+
+def _atomic_write(path: Path, text: str, *, mode: int) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+_INVALID = object()
+
+
+def _key(attr: str) -> str:
+    return attr.rstrip("_")
+
+
+def _attr(key: str) -> str:
+    return "async_" if key == "async" else key
+
+
+def _to_dict(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {_key(f.name): _to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    return obj
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _build(cls: type, values: dict[str, Any]) -> Any:
+    hints = _hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        value = values[_key(f.name)]
+        kwargs[f.name] = _build(hints[f.name], value) if dataclasses.is_dataclass(hints[f.name]) else value
+    return cls(**kwargs)
+
+
+def _type_name(tp: Any) -> str:
+    args = typing.get_args(tp)
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        return " or ".join("null" if a is type(None) else a.__name__ for a in args)
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(tp: Any, value: Any) -> Any:
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        if value is None and type(None) in typing.get_args(tp):
+            return None
+        for arg in typing.get_args(tp):
+            if arg is not type(None) and (out := _coerce(arg, value)) is not _INVALID:
+                return out
+        return _INVALID
+    if tp is bool:
+        return value if isinstance(value, bool) else _INVALID
+    if tp is int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else _INVALID
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        return _INVALID
+    if tp is str:
+        return value if isinstance(value, str) else _INVALID
+    return _INVALID
+
+
+_SCHEMA = _build_schema(RecipeConfig)
+_DEFAULTS = _to_dict(RecipeConfig())

@@ -1,0 +1,543 @@
+"""The store: every read and write of sweeps, runs, attempts, eval points and checkpoints.
+
+This is the only module that opens SQLAlchemy sessions; callers get frozen records back, never ORM
+objects. SQLite (one machine) runs in WAL mode with a busy timeout and takes the write lock at the
+start of each write transaction, so concurrent writers queue instead of failing; PostgreSQL serves
+a cluster where many jobs write at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, delete, event, func, select, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from store import migrate
+from store.models import Attempt, Checkpoint, EvalPoint, Run, Sweep, TrainMetric, utcnow
+
+DEFAULT_DB_FILE = "sweeps.db"
+SQLITE_BUSY_TIMEOUT_MS = 60_000
+
+# Run states. `registered`: in the store, never submitted. `submitting`: claimed by one launcher.
+RUN_STATES = (
+    "registered",
+    "submitting",
+    "queued",
+    "pending",
+    "running",
+    "completed",
+    "failed",
+    "cancelled",
+    "timeout",
+    "preempted",
+)
+ACTIVE_STATES = ("submitting", "queued", "pending", "running", "preempted")
+RETRYABLE_STATES = ("failed", "cancelled", "timeout")
+
+
+class StoreError(RuntimeError):
+    """A database failure, with its cause and the (password-masked) URL."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Records returned to callers
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    id: int
+    name: str
+    spec: dict[str, Any]
+    root_dir: str
+    executor: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: str
+    sweep: str
+    position: int
+    config: dict[str, Any]
+    axes: dict[str, Any]
+    budget: dict[str, Any]
+    run_dir: str
+    state: str
+    state_reason: str | None
+    step: int
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class NewRun:
+    id: str
+    position: int
+    config: dict[str, Any]
+    axes: dict[str, Any]
+    budget: dict[str, Any]
+    run_dir: str
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    id: int
+    run_id: str
+    number: int
+    executor: str
+    job_id: str | None
+    array_job_id: str | None
+    array_index: int | None
+    node: str | None
+    pid: int | None
+    state: str
+    exit_reason: str | None
+    resumed_from_step: int | None
+    stdout_path: str | None
+    stderr_path: str | None
+    submitted_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+
+
+@dataclass(frozen=True)
+class EvalRecord:
+    run_id: str
+    step: int
+    pass_rate: float
+    flops: float
+    tokens: int
+    device_seconds: float
+    gpu_hours: float
+    num_samples: int
+    metrics: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    run_id: str
+    step: int
+    path: str
+    created_at: datetime
+
+
+EVAL_FIELDS = ("step", "pass_rate", "flops", "tokens", "device_seconds", "gpu_hours", "num_samples", "metrics")
+
+
+# ---------------------------------------------------------------------------------------------
+# URLs
+
+
+def resolve_url(url: str | None = None) -> str:
+    """`url`, else $SWEEP_DB, else a SQLite file in the working directory; relative SQLite paths
+    become absolute so that jobs started elsewhere write to the same file."""
+    url = url or os.environ.get("SWEEP_DB") or f"sqlite:///{DEFAULT_DB_FILE}"
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        db = parsed.database
+        if db and db != ":memory:" and not db.startswith("file:"):
+            parsed = parsed.set(database=str(Path(db).expanduser().resolve()))
+    elif parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")  # psycopg 3, our dependency
+    return parsed.render_as_string(hide_password=False)
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by ***."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL at all: show nothing that could be a secret
+        return "<unparseable database URL>"
+
+
+# ---------------------------------------------------------------------------------------------
+# The store
+
+
+class Store:
+    def __init__(self, url: str | None = None, *, migrate_schema: bool = True):
+        self.url = resolve_url(url)
+        self.display_url = mask_url(self.url)
+        self.is_sqlite = make_url(self.url).get_backend_name() == "sqlite"
+        self._engine = self._make_engine()
+        self._write_engine = self._engine.execution_options(sqlite_immediate=True)
+        if migrate_schema:
+            with self._errors("migrating the schema"):
+                migrate.upgrade(self._engine, self.url)
+
+    def _make_engine(self) -> Engine:
+        if not self.is_sqlite:
+            return create_engine(self.url, pool_pre_ping=True, pool_size=2, max_overflow=4)
+        db = make_url(self.url).database
+        if db and db != ":memory:":
+            Path(db).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(self.url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves, below
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Any) -> None:
+            # A deferred transaction that reads and then writes cannot wait for the lock (SQLite
+            # fails it at once); writers take the lock up front and wait for it instead.
+            immediate = conn.get_execution_options().get("sqlite_immediate", False)
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+        return engine
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except SQLAlchemyError as exc:
+            cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            raise StoreError(f"database error while {what} ({self.display_url}): {cause}") from exc
+
+    @contextmanager
+    def _read(self, what: str) -> Iterator[Session]:
+        with self._errors(what), Session(self._engine, expire_on_commit=False) as session:
+            yield session
+
+    @contextmanager
+    def _write(self, what: str) -> Iterator[Session]:
+        with self._errors(what), Session(self._write_engine, expire_on_commit=False) as session:
+            with session.begin():
+                yield session
+
+    def ping(self) -> None:
+        """Raise StoreError if the database cannot be reached."""
+        with self._read("connecting") as s:
+            s.execute(select(1))
+
+    # -- sweeps --------------------------------------------------------------------------------
+
+    def upsert_sweep(self, name: str, spec: dict[str, Any], root_dir: str, executor: str) -> SweepRecord:
+        """Create the sweep, or update its spec/root/executor if it exists."""
+        with self._write(f"registering sweep {name!r}") as s:
+            row = s.scalar(select(Sweep).where(Sweep.name == name))
+            if row is None:
+                row = Sweep(name=name, spec=spec, root_dir=root_dir, executor=executor)
+                s.add(row)
+            else:
+                row.spec, row.root_dir, row.executor = spec, root_dir, executor
+            s.flush()
+            return _sweep(row)
+
+    def get_sweep(self, name: str) -> SweepRecord | None:
+        with self._read(f"reading sweep {name!r}") as s:
+            row = s.scalar(select(Sweep).where(Sweep.name == name))
+            return _sweep(row) if row else None
+
+    def list_sweeps(self) -> list[SweepRecord]:
+        with self._read("listing sweeps") as s:
+            return [_sweep(r) for r in s.scalars(select(Sweep).order_by(Sweep.created_at))]
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def register_runs(self, sweep: str, runs: Sequence[NewRun]) -> list[str]:
+        """Insert the runs that are not in the store yet; return the ids that were new."""
+        with self._write(f"registering runs of {sweep!r}") as s:
+            sweep_id = _sweep_id(s, sweep)
+            existing = set(s.scalars(select(Run.id).where(Run.id.in_([r.id for r in runs]))))
+            new = [r for r in runs if r.id not in existing]
+            s.add_all(
+                Run(
+                    id=r.id,
+                    sweep_id=sweep_id,
+                    position=r.position,
+                    config=r.config,
+                    axes=r.axes,
+                    budget=r.budget,
+                    run_dir=r.run_dir,
+                )
+                for r in new
+            )
+            return [r.id for r in new]
+
+    def set_run_budget(self, run_id: str, budget: dict[str, Any], config: dict[str, Any]) -> None:
+        with self._write(f"updating the budget of run {run_id}") as s:
+            s.execute(update(Run).where(Run.id == run_id).values(budget=budget, config=config))
+
+    def runs(self, sweep: str, *, states: Sequence[str] | None = None) -> list[RunRecord]:
+        with self._read(f"listing runs of {sweep!r}") as s:
+            query = select(Run, Sweep.name).join(Sweep).where(Sweep.name == sweep)
+            if states is not None:
+                query = query.where(Run.state.in_(states))
+            return [_run(r, name) for r, name in s.execute(query.order_by(Run.position))]
+
+    def get_run(self, ref: str) -> RunRecord:
+        """A run by id or unique id prefix; KeyError names the problem."""
+        with self._read(f"reading run {ref!r}") as s:
+            rows = s.execute(select(Run, Sweep.name).join(Sweep).where(Run.id.startswith(ref)).limit(2)).all()
+            if not rows:
+                raise KeyError(f"no run with id {ref!r} in {self.display_url}")
+            if len(rows) > 1:
+                raise KeyError(f"run id prefix {ref!r} is ambiguous; give more characters")
+            return _run(*rows[0])
+
+    def claim_runs(self, run_ids: Sequence[str], from_states: Sequence[str], token: str) -> list[str]:
+        """Atomically move runs from `from_states` to `submitting`; return those this call won.
+
+        Two launchers racing on one grid each claim disjoint sets, so every run is submitted once.
+        """
+        if not run_ids:
+            return []
+        with self._write("claiming runs for submission") as s:
+            s.execute(
+                update(Run)
+                .where(Run.id.in_(run_ids), Run.state.in_(from_states))
+                .values(state="submitting", claim=token, state_reason=None)
+            )
+            return list(s.scalars(select(Run.id).where(Run.id.in_(run_ids), Run.claim == token)))
+
+    def set_run_state(
+        self, run_id: str, state: str, reason: str | None = None, *, only_from: Sequence[str] | None = None
+    ) -> bool:
+        """Set a run's state; with `only_from`, only if it is currently in one of those states."""
+        if state not in RUN_STATES:
+            raise ValueError(f"unknown run state {state!r}; allowed: {', '.join(RUN_STATES)}")
+        with self._write(f"setting run {run_id} to {state}") as s:
+            query = update(Run).where(Run.id == run_id)
+            if only_from is not None:
+                query = query.where(Run.state.in_(only_from))
+            values: dict[str, Any] = {"state": state, "state_reason": reason}
+            if state != "submitting":
+                values["claim"] = None
+            return s.execute(query.values(**values)).rowcount > 0
+
+    def set_run_step(self, run_id: str, step: int) -> None:
+        with self._write(f"recording the step of run {run_id}") as s:
+            s.execute(update(Run).where(Run.id == run_id).values(step=step))
+
+    # -- attempts ------------------------------------------------------------------------------
+
+    def add_attempt(self, run_id: str, executor: str, **fields: Any) -> AttemptRecord:
+        """Record a new submission (or requeue) of a run, numbered 1, 2, ..."""
+        with self._write(f"recording an attempt of run {run_id}") as s:
+            number = (s.scalar(select(func.max(Attempt.number)).where(Attempt.run_id == run_id)) or 0) + 1
+            row = Attempt(run_id=run_id, number=number, executor=executor, **fields)
+            s.add(row)
+            s.flush()
+            return _attempt(row)
+
+    def begin_attempt(self, run_id: str, executor: str, **fields: Any) -> AttemptRecord:
+        """A job starts: take over the run's newest attempt if it has not started yet (the one its
+        submission recorded), else record a new one (a requeue, or a run started by hand)."""
+        now = utcnow()
+        with self._write(f"starting an attempt of run {run_id}") as s:
+            row = s.scalar(select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.number.desc()).limit(1))
+            if row is None or row.started_at is not None or row.state not in ("queued", "pending"):
+                number = (row.number if row else 0) + 1
+                carried = {k: getattr(row, k) for k in ("job_id", "array_job_id", "array_index", "stdout_path", "stderr_path")} if row else {}
+                row = Attempt(run_id=run_id, number=number, executor=executor, **{**carried, **fields})
+                s.add(row)
+            else:
+                for key, value in fields.items():
+                    setattr(row, key, value)
+            row.state, row.started_at = "running", now
+            s.execute(update(Run).where(Run.id == run_id).values(state="running", state_reason=None, claim=None))
+            s.flush()
+            return _attempt(row)
+
+    def end_attempt(self, attempt_id: int, state: str, reason: str | None = None) -> None:
+        with self._write(f"ending attempt {attempt_id}") as s:
+            s.execute(update(Attempt).where(Attempt.id == attempt_id).values(state=state, exit_reason=reason, ended_at=utcnow()))
+
+    def queued_attempts(self, executor: str, *, limit: int) -> list[AttemptRecord]:
+        """Attempts waiting for a slot of `executor`, oldest first."""
+        with self._read(f"reading queued {executor} attempts") as s:
+            rows = s.scalars(
+                select(Attempt)
+                .join(Run)
+                .where(Attempt.executor == executor, Attempt.state == "queued", Run.state == "queued")
+                .order_by(Attempt.submitted_at, Attempt.id)
+                .limit(limit)
+            )
+            return [_attempt(r) for r in rows]
+
+    def active_attempts(self, executor: str, sweep: str | None = None) -> list[AttemptRecord]:
+        """Attempts of `executor` that are queued, pending or running (optionally of one sweep)."""
+        with self._read(f"reading active {executor} attempts") as s:
+            query = select(Attempt).join(Run).where(Attempt.executor == executor, Attempt.state.in_(("queued", "pending", "running")))
+            if sweep is not None:
+                query = query.join(Sweep).where(Sweep.name == sweep)
+            return [_attempt(r) for r in s.scalars(query.order_by(Attempt.id))]
+
+    def update_attempt(self, attempt_id: int, **fields: Any) -> None:
+        with self._write(f"updating attempt {attempt_id}") as s:
+            s.execute(update(Attempt).where(Attempt.id == attempt_id).values(**fields))
+
+    def attempts(self, run_id: str) -> list[AttemptRecord]:
+        with self._read(f"reading attempts of run {run_id}") as s:
+            rows = s.scalars(select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.number))
+            return [_attempt(r) for r in rows]
+
+    def latest_attempts(self, sweep: str) -> dict[str, AttemptRecord]:
+        """The newest attempt of every run of the sweep that has one."""
+        with self._read(f"reading attempts of {sweep!r}") as s:
+            newest = (
+                select(Attempt.run_id, func.max(Attempt.number).label("n"))
+                .join(Run)
+                .join(Sweep)
+                .where(Sweep.name == sweep)
+                .group_by(Attempt.run_id)
+                .subquery()
+            )
+            rows = s.scalars(
+                select(Attempt).join(newest, (Attempt.run_id == newest.c.run_id) & (Attempt.number == newest.c.n))
+            )
+            return {r.run_id: _attempt(r) for r in rows}
+
+    def attempt_counts(self, sweep: str) -> dict[str, int]:
+        with self._read(f"counting attempts of {sweep!r}") as s:
+            rows = s.execute(
+                select(Attempt.run_id, func.count()).join(Run).join(Sweep).where(Sweep.name == sweep).group_by(Attempt.run_id)
+            )
+            return {run_id: n for run_id, n in rows}
+
+    # -- eval points, train metrics, checkpoints ------------------------------------------------
+
+    def add_eval_points(self, run_id: str, points: Sequence[dict[str, Any]]) -> None:
+        """Upsert eval points keyed by (run, step): writing the same step twice keeps one row."""
+        if not points:
+            return
+        rows = [{"run_id": run_id, "metrics": {}, **{k: p[k] for k in EVAL_FIELDS if k in p}} for p in points]
+        with self._write(f"writing eval points of run {run_id}") as s:
+            s.execute(_upsert(self, EvalPoint, rows, ("run_id", "step")))
+            s.execute(
+                update(Run).where(Run.id == run_id, Run.step < max(p["step"] for p in points)).values(
+                    step=max(p["step"] for p in points)
+                )
+            )
+
+    def eval_points(self, run_id: str) -> list[EvalRecord]:
+        with self._read(f"reading eval points of run {run_id}") as s:
+            rows = s.scalars(select(EvalPoint).where(EvalPoint.run_id == run_id).order_by(EvalPoint.step))
+            return [_eval(r) for r in rows]
+
+    def sweep_eval_points(self, sweep: str) -> dict[str, list[EvalRecord]]:
+        """All eval points of a sweep, by run id, in step order."""
+        with self._read(f"reading eval points of {sweep!r}") as s:
+            rows = s.scalars(
+                select(EvalPoint).join(Run).join(Sweep).where(Sweep.name == sweep).order_by(EvalPoint.run_id, EvalPoint.step)
+            )
+            out: dict[str, list[EvalRecord]] = {}
+            for r in rows:
+                out.setdefault(r.run_id, []).append(_eval(r))
+            return out
+
+    def last_eval_points(self, sweep: str) -> dict[str, EvalRecord]:
+        """The newest eval point of every run of the sweep that has one."""
+        with self._read(f"reading eval points of {sweep!r}") as s:
+            newest = (
+                select(EvalPoint.run_id, func.max(EvalPoint.step).label("step"))
+                .join(Run)
+                .join(Sweep)
+                .where(Sweep.name == sweep)
+                .group_by(EvalPoint.run_id)
+                .subquery()
+            )
+            rows = s.scalars(
+                select(EvalPoint).join(newest, (EvalPoint.run_id == newest.c.run_id) & (EvalPoint.step == newest.c.step))
+            )
+            return {r.run_id: _eval(r) for r in rows}
+
+    def delete_eval_points_after(self, run_id: str, step: int) -> int:
+        """Forget eval points past `step`: they belong to a trajectory that a resume abandons."""
+        with self._write(f"trimming eval points of run {run_id}") as s:
+            return s.execute(delete(EvalPoint).where(EvalPoint.run_id == run_id, EvalPoint.step > step)).rowcount
+
+    def add_train_metrics(self, run_id: str, rows: Sequence[tuple[int, dict[str, Any]]]) -> None:
+        if not rows:
+            return
+        values = [{"run_id": run_id, "step": step, "metrics": m} for step, m in rows]
+        with self._write(f"writing train metrics of run {run_id}") as s:
+            s.execute(_upsert(self, TrainMetric, values, ("run_id", "step")))
+
+    def train_metrics(self, run_id: str) -> list[tuple[int, dict[str, Any]]]:
+        with self._read(f"reading train metrics of run {run_id}") as s:
+            rows = s.execute(select(TrainMetric.step, TrainMetric.metrics).where(TrainMetric.run_id == run_id).order_by(TrainMetric.step))
+            return [(step, m) for step, m in rows]
+
+    def add_checkpoint(self, run_id: str, step: int, path: str) -> None:
+        with self._write(f"recording a checkpoint of run {run_id}") as s:
+            s.execute(_upsert(self, Checkpoint, [{"run_id": run_id, "step": step, "path": path}], ("run_id", "step")))
+
+    def delete_checkpoint(self, run_id: str, step: int) -> None:
+        with self._write(f"forgetting a checkpoint of run {run_id}") as s:
+            s.execute(delete(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.step == step))
+
+    def checkpoints(self, run_id: str) -> list[CheckpointRecord]:
+        with self._read(f"reading checkpoints of run {run_id}") as s:
+            rows = s.scalars(select(Checkpoint).where(Checkpoint.run_id == run_id).order_by(Checkpoint.step))
+            return [CheckpointRecord(r.run_id, r.step, r.path, _aware(r.created_at)) for r in rows]
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _upsert(store: Store, model: type, rows: list[dict[str, Any]], keys: tuple[str, ...]) -> Any:
+    if store.is_sqlite:
+        from sqlalchemy.dialects.sqlite import insert
+    else:
+        from sqlalchemy.dialects.postgresql import insert
+    stmt = insert(model).values(rows)
+    updatable = {c: stmt.excluded[c] for c in rows[0] if c not in keys}
+    return stmt.on_conflict_do_update(index_elements=list(keys), set_=updatable)
+
+
+def _sweep_id(s: Session, name: str) -> int:
+    sweep_id = s.scalar(select(Sweep.id).where(Sweep.name == name))
+    if sweep_id is None:
+        raise KeyError(f"no sweep named {name!r}")
+    return sweep_id
+
+
+def _aware(dt: datetime | None) -> datetime | None:
+    # SQLite hands back naive datetimes; everything we store is UTC.
+    if dt is not None and dt.tzinfo is None:
+        return dt.replace(tzinfo=timezone.utc)
+    return dt
+
+
+def _sweep(r: Sweep) -> SweepRecord:
+    return SweepRecord(r.id, r.name, r.spec, r.root_dir, r.executor, _aware(r.created_at))
+
+
+def _run(r: Run, sweep: str) -> RunRecord:
+    return RunRecord(
+        r.id, sweep, r.position, r.config, r.axes, r.budget, r.run_dir, r.state, r.state_reason, r.step, _aware(r.updated_at)
+    )
+
+
+def _attempt(r: Attempt) -> AttemptRecord:
+    values = {f.name: getattr(r, f.name) for f in dataclasses.fields(AttemptRecord)}
+    for key in ("submitted_at", "started_at", "ended_at"):
+        values[key] = _aware(values[key])
+    return AttemptRecord(**values)
+
+
+def _eval(r: EvalPoint) -> EvalRecord:
+    return EvalRecord(
+        r.run_id, r.step, r.pass_rate, r.flops, r.tokens, r.device_seconds, r.gpu_hours, r.num_samples, r.metrics or {}
+    )

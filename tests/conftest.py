@@ -1,0 +1,87 @@
+"""Shared fixtures: stores on SQLite and on the real PostgreSQL server, CLI runner, sweep files."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PG_ADMIN_URL = os.environ.get("SWEEP_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+REQUIRE_SERVICES = os.environ.get("SWEEP_REQUIRE_SERVICES") == "1"  # set by .ci/run: no skipping there
+
+
+def _unavailable(what: str, why: str) -> None:
+    if REQUIRE_SERVICES:
+        pytest.fail(f"{what} is required (SWEEP_REQUIRE_SERVICES=1) but unavailable: {why}")
+    pytest.skip(f"{what} unavailable: {why}")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reads or writes the user's store, run root or caches by accident."""
+    monkeypatch.delenv("SWEEP_DB", raising=False)
+    monkeypatch.setenv("SWEEP_ROOT", str(tmp_path / "runs"))
+    monkeypatch.setenv("SWEEP_CACHE", os.environ.get("SWEEP_TEST_CACHE", str(tmp_path / "cache")))
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'sweeps.db'}"
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """A fresh database on the local PostgreSQL server for this test session; dropped after."""
+    from sqlalchemy import create_engine, text
+
+    name = f"scalesweep_test_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:  # noqa: BLE001 - any failure means: no server to test against
+        admin.dispose()
+        _unavailable("PostgreSQL at 127.0.0.1:5432", str(exc).splitlines()[0])
+    try:
+        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def pg_url(pg_server: str) -> Iterator[str]:
+    """The session database, emptied before each test."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(pg_server)
+    with engine.begin() as conn:
+        tables = conn.execute(text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")).scalars().all()
+        if tables:
+            conn.execute(text("DROP TABLE " + ", ".join(f'"{t}"' for t in tables) + " CASCADE"))
+    engine.dispose()
+    yield pg_server
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Run a test once on SQLite and once on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'sweeps.db'}"
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def sweep_file(tmp_path: Path):
+    """Write a sweep YAML into the test's directory and return its path."""
+
+    def write(text: str, name: str = "grid.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(text)
+        return path
+
+    return write
