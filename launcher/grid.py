@@ -27,22 +27,29 @@ from recipe.config import ConfigError, RecipeConfig, canonical_json, check_value
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOP_LEVEL_KEYS = ("name", "description", "recipe", "grid", "zip", "ablate", "exclude", "seeds", "budget", "resources")
 BUDGET_KEYS = ("steps", "gpu_hours", "flops")
-# Keys a grid's `resources:` may set; `profile` points to a cluster profile in slurm/profiles.
-RESOURCE_KEYS = (
-    "profile",
-    "nodes",
-    "gpus_per_node",
-    "generator_gpus",
-    "cpus_per_task",
-    "mem_gb",
-    "timeout_min",
+# Cluster resources: a grid's `resources:` may set these, or name a profile file that does.
+PROFILE_KEYS = (
     "partition",
     "account",
     "qos",
     "constraint",
+    "gpus_per_node",
+    "nodes",
+    "cpus_per_task",
+    "mem_gb",
+    "timeout_min",
     "array_parallelism",
+    "signal_delay_s",
     "setup",
 )
+RESOURCE_KEYS = ("profile", "generator_gpus", *PROFILE_KEYS)
+RESOURCE_DEFAULTS: dict[str, Any] = {
+    "nodes": 1,
+    "cpus_per_task": 1,
+    "timeout_min": 24 * 60,
+    "signal_delay_s": 120,
+    "array_parallelism": 256,
+}
 
 
 class GridError(ValueError):
@@ -111,18 +118,13 @@ def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:
 
 
 def _validate(path: Path, raw: dict[str, Any]) -> SweepSpec:
-    for key in raw:
-        if key not in TOP_LEVEL_KEYS:
-            hint = closest(str(key), TOP_LEVEL_KEYS)
-            raise GridError(
-                path,
-                str(key),
-                f"unknown top-level key{f' (did you mean {hint!r}?)' if hint else ''}; allowed: {', '.join(TOP_LEVEL_KEYS)}",
-            )
+    _known_keys(path, "", raw, TOP_LEVEL_KEYS)
     name = raw.get("name")
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise GridError(
-            path, "name", f"invalid sweep name {name!r}: 1-64 characters of letters, digits, '.', '_', '-', not starting with '.', '_' or '-'"
+            path,
+            "name",
+            f"invalid sweep name {name!r}: 1-64 characters of letters, digits, '.', '_', '-', not starting with '.', '_' or '-'",
         )
 
     recipe = _mapping(path, raw, "recipe")
@@ -140,7 +142,9 @@ def _validate(path: Path, raw: dict[str, Any]) -> SweepSpec:
     for i, group in enumerate(zips):
         for key in group:
             if key in varied:
-                raise GridError(path, f"zip[{i}].{key}", "this key is already an axis; an axis can vary in one place only")
+                raise GridError(
+                    path, f"zip[{i}].{key}", "this key is already an axis; an axis can vary in one place only"
+                )
             varied.append(key)
 
     spec = SweepSpec(
@@ -222,25 +226,44 @@ def _budget(path: Path, raw: dict[str, Any]) -> dict[str, Any]:
     budget = _mapping(path, raw, "budget")
     if not budget:
         return {}
-    for key in budget:
-        if key not in BUDGET_KEYS:
-            hint = closest(str(key), BUDGET_KEYS)
-            raise GridError(
-                path, f"budget.{key}", f"unknown key{f' (did you mean {hint!r}?)' if hint else ''}; allowed: {', '.join(BUDGET_KEYS)}"
-            )
+    _known_keys(path, "budget", budget, BUDGET_KEYS)
     return {f"budget.{k}": _check(path, f"budget.{k}", f"budget.{k}", budget.get(k)) for k in BUDGET_KEYS}
 
 
 def _resources(path: Path, resources: dict[str, Any]) -> dict[str, Any]:
-    for key in resources:
-        if key not in RESOURCE_KEYS:
-            hint = closest(str(key), RESOURCE_KEYS)
+    """The grid's `resources:` over its cluster profile (if any) over the defaults."""
+    _known_keys(path, "resources", resources, RESOURCE_KEYS)
+    merged = dict(RESOURCE_DEFAULTS)
+    if resources.get("profile"):
+        merged.update(load_profile(path, str(resources["profile"])))
+    merged.update(resources)
+    return merged
+
+
+def load_profile(grid_path: Path, profile: str) -> dict[str, Any]:
+    """A cluster profile (slurm/profiles/*.yaml), relative to the grid file or the working dir."""
+    candidates = [Path(profile)] if Path(profile).is_absolute() else [grid_path.parent / profile, Path.cwd() / profile]
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is None:
+        raise GridError(grid_path, "resources.profile", f"no cluster profile at {' or '.join(map(str, candidates))}")
+    try:
+        data = OmegaConf.to_container(OmegaConf.load(found), resolve=True) or {}
+    except (OmegaConfBaseException, ValueError) as exc:
+        raise GridError(found, "file", f"cannot parse: {exc}") from exc
+    if not isinstance(data, dict):
+        raise GridError(found, "file", "a cluster profile is a mapping")
+    _known_keys(found, "", data, PROFILE_KEYS)
+    return data
+
+
+def _known_keys(path: Path, section: str, mapping: dict[str, Any], allowed: Sequence[str]) -> None:
+    for key in mapping:
+        if key not in allowed:
+            hint = closest(str(key), allowed)
+            where = f"{section}.{key}" if section else str(key)
             raise GridError(
-                path,
-                f"resources.{key}",
-                f"unknown key{f' (did you mean {hint!r}?)' if hint else ''}; allowed: {', '.join(RESOURCE_KEYS)}",
+                path, where, f"unknown key{f' (did you mean {hint!r}?)' if hint else ''}; allowed: {', '.join(allowed)}"
             )
-    return dict(resources)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,7 +276,7 @@ def expand(spec: SweepSpec) -> list[RunPlan]:
     for key, values in spec.grid.items():
         points = [p | {key: v} for p in points for v in values]
     for group in spec.zip:
-        positions = [dict(zip(group, vals)) for vals in zip(*group.values())]
+        positions = [dict(zip(group, vals, strict=False)) for vals in zip(*group.values(), strict=False)]
         points = [p | pos for p in points for pos in positions]
 
     variants: list[tuple[dict[str, Any], str | None]] = []
@@ -308,4 +331,3 @@ def _excluded(spec: SweepSpec, config: RecipeConfig) -> bool:
 
 def _label(change: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in change.items())
-

@@ -56,7 +56,9 @@ class Range:
             return
         if self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo)):
             bound = f"> {self.lo}" if self.lo_open else f">= {self.lo}"
-            raise ConfigError(key, f"invalid value {value!r}; must be {bound}" + (f" and <= {self.hi}" if self.hi is not None else ""))
+            raise ConfigError(
+                key, f"invalid value {value!r}; must be {bound}" + (f" and <= {self.hi}" if self.hi is not None else "")
+            )
         if self.hi is not None and value > self.hi:
             raise ConfigError(key, f"invalid value {value!r}; must be <= {self.hi}")
 
@@ -270,7 +272,7 @@ class RecipeConfig(Section):
         return canonical_json(self.to_dict())
 
     @classmethod
-    def from_dict(cls, nested: dict[str, Any]) -> "RecipeConfig":
+    def from_dict(cls, nested: dict[str, Any]) -> RecipeConfig:
         """Validate and build from a nested dict of YAML keys; unset keys keep defaults."""
         return resolve(flatten(nested))
 
@@ -331,7 +333,8 @@ def check_value(key: str, value: Any) -> Any:
         if value not in spec.allowed or isinstance(value, bool) != isinstance(spec.allowed[0], bool):
             hint = closest(str(value), [str(v) for v in spec.allowed])
             raise ConfigError(
-                key, f"invalid value {value!r}; allowed: {spec.describe()}" + (f" (did you mean {hint!r}?)" if hint else "")
+                key,
+                f"invalid value {value!r}; allowed: {spec.describe()}" + (f" (did you mean {hint!r}?)" if hint else ""),
             )
         return value
     coerced = _coerce(spec.type, value)

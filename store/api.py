@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -347,7 +347,14 @@ class Store:
             row = s.scalar(select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.number.desc()).limit(1))
             if row is None or row.started_at is not None or row.state not in ("queued", "pending"):
                 number = (row.number if row else 0) + 1
-                carried = {k: getattr(row, k) for k in ("job_id", "array_job_id", "array_index", "stdout_path", "stderr_path")} if row else {}
+                carried = (
+                    {
+                        k: getattr(row, k)
+                        for k in ("job_id", "array_job_id", "array_index", "stdout_path", "stderr_path")
+                    }
+                    if row
+                    else {}
+                )
                 row = Attempt(run_id=run_id, number=number, executor=executor, **{**carried, **fields})
                 s.add(row)
             else:
@@ -360,7 +367,34 @@ class Store:
 
     def end_attempt(self, attempt_id: int, state: str, reason: str | None = None) -> None:
         with self._write(f"ending attempt {attempt_id}") as s:
-            s.execute(update(Attempt).where(Attempt.id == attempt_id).values(state=state, exit_reason=reason, ended_at=utcnow()))
+            s.execute(
+                update(Attempt)
+                .where(Attempt.id == attempt_id)
+                .values(state=state, exit_reason=reason, ended_at=utcnow())
+            )
+
+    def settle_attempt(self, attempt_id: int, state: str, reason: str | None, **fields: Any) -> bool:
+        """An executor learned how an attempt ended (a crash, a kill, Slurm's verdict). End the
+        attempt if it is still open, and set the run's state too if this is the run's newest
+        attempt and the run is still active: a late word on an old attempt never overrides a
+        newer submission. True if the run's state was set."""
+        with self._write(f"settling attempt {attempt_id}") as s:
+            row = s.get(Attempt, attempt_id)
+            if row is None:
+                return False
+            if row.state in ("queued", "pending", "running", "preempted"):
+                row.state, row.exit_reason, row.ended_at = state, reason, fields.pop("ended_at", None) or utcnow()
+            for key, value in fields.items():
+                setattr(row, key, value)
+            newest = s.scalar(select(func.max(Attempt.number)).where(Attempt.run_id == row.run_id))
+            if row.number != newest:
+                return False
+            result = s.execute(
+                update(Run)
+                .where(Run.id == row.run_id, Run.state.in_(ACTIVE_STATES))
+                .values(state=state, state_reason=reason, claim=None)
+            )
+            return result.rowcount > 0
 
     def queued_attempts(self, executor: str, *, limit: int) -> list[AttemptRecord]:
         """Attempts waiting for a slot of `executor`, oldest first."""
@@ -377,7 +411,11 @@ class Store:
     def active_attempts(self, executor: str, sweep: str | None = None) -> list[AttemptRecord]:
         """Attempts of `executor` that are queued, pending or running (optionally of one sweep)."""
         with self._read(f"reading active {executor} attempts") as s:
-            query = select(Attempt).join(Run).where(Attempt.executor == executor, Attempt.state.in_(("queued", "pending", "running")))
+            query = (
+                select(Attempt)
+                .join(Run)
+                .where(Attempt.executor == executor, Attempt.state.in_(("queued", "pending", "running")))
+            )
             if sweep is not None:
                 query = query.join(Sweep).where(Sweep.name == sweep)
             return [_attempt(r) for r in s.scalars(query.order_by(Attempt.id))]
@@ -410,7 +448,11 @@ class Store:
     def attempt_counts(self, sweep: str) -> dict[str, int]:
         with self._read(f"counting attempts of {sweep!r}") as s:
             rows = s.execute(
-                select(Attempt.run_id, func.count()).join(Run).join(Sweep).where(Sweep.name == sweep).group_by(Attempt.run_id)
+                select(Attempt.run_id, func.count())
+                .join(Run)
+                .join(Sweep)
+                .where(Sweep.name == sweep)
+                .group_by(Attempt.run_id)
             )
             return {run_id: n for run_id, n in rows}
 
@@ -424,9 +466,9 @@ class Store:
         with self._write(f"writing eval points of run {run_id}") as s:
             s.execute(_upsert(self, EvalPoint, rows, ("run_id", "step")))
             s.execute(
-                update(Run).where(Run.id == run_id, Run.step < max(p["step"] for p in points)).values(
-                    step=max(p["step"] for p in points)
-                )
+                update(Run)
+                .where(Run.id == run_id, Run.step < max(p["step"] for p in points))
+                .values(step=max(p["step"] for p in points))
             )
 
     def eval_points(self, run_id: str) -> list[EvalRecord]:
@@ -438,7 +480,11 @@ class Store:
         """All eval points of a sweep, by run id, in step order."""
         with self._read(f"reading eval points of {sweep!r}") as s:
             rows = s.scalars(
-                select(EvalPoint).join(Run).join(Sweep).where(Sweep.name == sweep).order_by(EvalPoint.run_id, EvalPoint.step)
+                select(EvalPoint)
+                .join(Run)
+                .join(Sweep)
+                .where(Sweep.name == sweep)
+                .order_by(EvalPoint.run_id, EvalPoint.step)
             )
             out: dict[str, list[EvalRecord]] = {}
             for r in rows:
@@ -457,7 +503,9 @@ class Store:
                 .subquery()
             )
             rows = s.scalars(
-                select(EvalPoint).join(newest, (EvalPoint.run_id == newest.c.run_id) & (EvalPoint.step == newest.c.step))
+                select(EvalPoint).join(
+                    newest, (EvalPoint.run_id == newest.c.run_id) & (EvalPoint.step == newest.c.step)
+                )
             )
             return {r.run_id: _eval(r) for r in rows}
 
@@ -475,7 +523,11 @@ class Store:
 
     def train_metrics(self, run_id: str) -> list[tuple[int, dict[str, Any]]]:
         with self._read(f"reading train metrics of run {run_id}") as s:
-            rows = s.execute(select(TrainMetric.step, TrainMetric.metrics).where(TrainMetric.run_id == run_id).order_by(TrainMetric.step))
+            rows = s.execute(
+                select(TrainMetric.step, TrainMetric.metrics)
+                .where(TrainMetric.run_id == run_id)
+                .order_by(TrainMetric.step)
+            )
             return [(step, m) for step, m in rows]
 
     def add_checkpoint(self, run_id: str, step: int, path: str) -> None:
@@ -516,7 +568,7 @@ def _sweep_id(s: Session, name: str) -> int:
 def _aware(dt: datetime | None) -> datetime | None:
     # SQLite hands back naive datetimes; everything we store is UTC.
     if dt is not None and dt.tzinfo is None:
-        return dt.replace(tzinfo=timezone.utc)
+        return dt.replace(tzinfo=UTC)
     return dt
 
 
@@ -526,7 +578,17 @@ def _sweep(r: Sweep) -> SweepRecord:
 
 def _run(r: Run, sweep: str) -> RunRecord:
     return RunRecord(
-        r.id, sweep, r.position, r.config, r.axes, r.budget, r.run_dir, r.state, r.state_reason, r.step, _aware(r.updated_at)
+        r.id,
+        sweep,
+        r.position,
+        r.config,
+        r.axes,
+        r.budget,
+        r.run_dir,
+        r.state,
+        r.state_reason,
+        r.step,
+        _aware(r.updated_at),
     )
 
 

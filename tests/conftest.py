@@ -19,12 +19,19 @@ def _unavailable(what: str, why: str) -> None:
     pytest.skip(f"{what} unavailable: {why}")
 
 
+@pytest.fixture(scope="session")
+def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache (the built-in base model, scheduler locks) for the whole test session."""
+    return Path(os.environ.get("SWEEP_TEST_CACHE") or tmp_path_factory.mktemp("cache"))
+
+
 @pytest.fixture(autouse=True)
-def _isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _isolated_env(tmp_path: Path, session_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No test reads or writes the user's store, run root or caches by accident."""
     monkeypatch.delenv("SWEEP_DB", raising=False)
     monkeypatch.setenv("SWEEP_ROOT", str(tmp_path / "runs"))
-    monkeypatch.setenv("SWEEP_CACHE", os.environ.get("SWEEP_TEST_CACHE", str(tmp_path / "cache")))
+    monkeypatch.setenv("SWEEP_CACHE", str(session_cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture

@@ -27,7 +27,11 @@ budget: {gpu_hours: 16000}
 
 
 def test_cartesian_grid_times_seeds(sweep_file):
-    spec = load_sweep(sweep_file("name: g\ngrid:\n  loss.type: [cispo, grpo]\n  advantage.norm: [batch, prompt, none]\nseeds: [0, 1]\n"))
+    spec = load_sweep(
+        sweep_file(
+            "name: g\ngrid:\n  loss.type: [cispo, grpo]\n  advantage.norm: [batch, prompt, none]\nseeds: [0, 1]\n"
+        )
+    )
     plans = expand(spec)
     assert len(plans) == 2 * 3 * 2
     assert {(p.axes["loss.type"], p.axes["advantage.norm"], p.axes["seed"]) for p in plans} == {
@@ -48,13 +52,19 @@ def test_design_example_counts(sweep_file):
     point or on an excluded one), x 3 seeds."""
     plans = expand(load_sweep(sweep_file(DESIGN_EXAMPLE)))
     assert len(plans) == (15 + 15 + 15) * 3
-    assert Counter(p.axes["ablate"] for p in plans) == {"base": 45, "async.mode=ppo-offpolicy": 45, "advantage.norm=prompt": 45}
+    assert Counter(p.axes["ablate"] for p in plans) == {
+        "base": 45,
+        "async.mode=ppo-offpolicy": 45,
+        "advantage.norm=prompt": 45,
+    }
     assert not any(p.config.loss.type == "dapo" and p.config.loss.aggregation == "token" for p in plans)
     assert all(p.config.budget.gpu_hours == 16000 and p.config.budget.steps is None for p in plans)
 
 
 def test_ablate_without_grid_is_leave_one_out_around_the_base(sweep_file):
-    spec = load_sweep(sweep_file("name: loo\nablate:\n  loss.type: grpo\n  filter.zero_variance: false\n  advantage.norm: batch\n"))
+    spec = load_sweep(
+        sweep_file("name: loo\nablate:\n  loss.type: grpo\n  filter.zero_variance: false\n  advantage.norm: batch\n")
+    )
     plans = expand(spec)
     # advantage.norm=batch is already the base: that ablation is the base run itself
     assert [p.axes["ablate"] for p in plans] == ["base", "loss.type=grpo", "filter.zero_variance=False"]
@@ -69,9 +79,15 @@ def test_ablate_list_form_changes_several_keys_at_once(sweep_file):
 
 def test_exclude_drops_matching_points(sweep_file):
     spec = load_sweep(
-        sweep_file("name: ex\ngrid:\n  loss.type: [cispo, grpo]\n  batch.prompts: [4, 8]\nexclude:\n  - {loss.type: grpo, batch.prompts: 8}\n")
+        sweep_file(
+            "name: ex\ngrid:\n  loss.type: [cispo, grpo]\n  batch.prompts: [4, 8]\nexclude:\n  - {loss.type: grpo, batch.prompts: 8}\n"
+        )
     )
-    assert sorted((p.config.loss.type, p.config.batch.prompts) for p in expand(spec)) == [("cispo", 4), ("cispo", 8), ("grpo", 4)]
+    assert sorted((p.config.loss.type, p.config.batch.prompts) for p in expand(spec)) == [
+        ("cispo", 4),
+        ("cispo", 8),
+        ("grpo", 4),
+    ]
 
 
 def test_no_axes_means_one_run_of_the_base_recipe(sweep_file):
@@ -95,7 +111,10 @@ def test_run_ids_are_stable_and_depend_on_config_not_budget(sweep_file):
 
 
 def test_command_line_overrides_edit_the_sweep_file(sweep_file):
-    spec = load_sweep(sweep_file("name: o\ngrid:\n  loss.type: [cispo]\nbudget: {steps: 100}\n"), ["budget.steps=7", "seeds=[3,4]", "recipe.optim.lr=0.001"])
+    spec = load_sweep(
+        sweep_file("name: o\ngrid:\n  loss.type: [cispo]\nbudget: {steps: 100}\n"),
+        ["budget.steps=7", "seeds=[3,4]", "recipe.optim.lr=0.001"],
+    )
     plans = expand(spec)
     assert [p.config.seed for p in plans] == [3, 4]
     assert all(p.config.budget.steps == 7 and p.config.optim.lr == 0.001 for p in plans)
@@ -133,13 +152,19 @@ def test_bad_value_names_allowed_values_and_closest(sweep_file):
 
 
 def test_wrong_type_and_range(sweep_file):
-    assert _error(sweep_file, "name: t\nrecipe:\n  batch: {prompts: many}\n") == "recipe.batch.prompts: invalid value 'many'; expected int"
-    assert _error(sweep_file, "name: t\ngrid:\n  batch.generations: [1, 8]\n") == "grid.batch.generations: invalid value 1; must be >= 2"
+    assert (
+        _error(sweep_file, "name: t\nrecipe:\n  batch: {prompts: many}\n")
+        == "recipe.batch.prompts: invalid value 'many'; expected int"
+    )
+    assert (
+        _error(sweep_file, "name: t\ngrid:\n  batch.generations: [1, 8]\n")
+        == "grid.batch.generations: invalid value 1; must be >= 2"
+    )
 
 
 def test_unknown_top_level_key(sweep_file):
     assert _error(sweep_file, "name: t\ngrids:\n  loss.type: [cispo]\n").startswith(
-        "grids: unknown top-level key (did you mean 'grid'?); allowed: name, description, recipe, grid"
+        "grids: unknown key (did you mean 'grid'?); allowed: name, description, recipe, grid"
     )
 
 
@@ -168,11 +193,16 @@ def test_axis_in_grid_and_zip_is_refused(sweep_file):
 
 def test_cross_field_error_names_the_run(sweep_file):
     message = _error(sweep_file, "name: t\ngrid:\n  length.interrupt_max: [100, 20000]\n")
-    assert message == "length.interrupt_max: 100 is below length.interrupt_min=10240 (in the run with length.interrupt_max=100)"
+    assert (
+        message
+        == "length.interrupt_max: 100 is below length.interrupt_min=10240 (in the run with length.interrupt_max=100)"
+    )
 
 
 def test_override_typo_is_caught(sweep_file):
-    assert _error(sweep_file, "name: t\n", ["budget.stpes=5"]).startswith("budget.stpes: unknown key (did you mean 'steps'?)")
+    assert _error(sweep_file, "name: t\n", ["budget.stpes=5"]).startswith(
+        "budget.stpes: unknown key (did you mean 'steps'?)"
+    )
 
 
 def test_missing_file():

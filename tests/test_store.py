@@ -8,19 +8,31 @@ from store import NewRun, Store, StoreError, mask_url, resolve_url
 
 
 def _point(step: int, pass_rate: float = 0.5) -> dict:
-    return dict(step=step, pass_rate=pass_rate, flops=1e9 * step, tokens=10 * step, device_seconds=0.1 * step, gpu_hours=0.0, num_samples=64)
+    return dict(
+        step=step,
+        pass_rate=pass_rate,
+        flops=1e9 * step,
+        tokens=10 * step,
+        device_seconds=0.1 * step,
+        gpu_hours=0.0,
+        num_samples=64,
+    )
 
 
 def _store_with_runs(url: str, n: int = 3) -> Store:
     store = Store(url)
     store.upsert_sweep("s", {"name": "s"}, "/tmp/s", "local")
-    store.register_runs("s", [NewRun(f"run{i}", i, {"seed": i}, {"seed": i}, {"steps": 10}, f"/tmp/s/run{i}") for i in range(n)])
+    store.register_runs(
+        "s", [NewRun(f"run{i}", i, {"seed": i}, {"seed": i}, {"steps": 10}, f"/tmp/s/run{i}") for i in range(n)]
+    )
     return store
 
 
 def test_register_is_idempotent(db_url):
     store = _store_with_runs(db_url)
-    again = store.register_runs("s", [NewRun("run1", 1, {}, {}, {}, "x"), NewRun("run9", 9, {"seed": 9}, {}, {"steps": 10}, "y")])
+    again = store.register_runs(
+        "s", [NewRun("run1", 1, {}, {}, {}, "x"), NewRun("run9", 9, {"seed": 9}, {}, {"steps": 10}, "y")]
+    )
     assert again == ["run9"]
     assert [r.id for r in store.runs("s")] == ["run0", "run1", "run2", "run9"]
     assert store.runs("s")[1].config == {"seed": 1}  # the existing row was not overwritten

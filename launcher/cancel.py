@@ -1,0 +1,48 @@
+"""`sweep cancel SWEEP|RUN`."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from store import ACTIVE_STATES, RunRecord, Store
+
+CANCELLABLE = ("registered", *ACTIVE_STATES)
+
+
+def cancel(store: Store, target: str) -> list[str]:
+    """Cancel the active runs of a sweep, or one run; return the ids cancelled.
+
+    The store is marked first, so a scheduler never starts a cancelled run; then running jobs
+    get SIGTERM (local) or scancel (Slurm), which makes them checkpoint and stop.
+    """
+    runs = store.runs(target) if store.get_sweep(target) else [store.get_run(target)]
+    cancelled: list[RunRecord] = [
+        r for r in runs if store.set_run_state(r.id, "cancelled", "cancelled by the user", only_from=CANCELLABLE)
+    ]
+    slurm_jobs = []
+    for run in cancelled:
+        attempts = store.attempts(run.id)
+        if not attempts:
+            continue
+        attempt = attempts[-1]
+        if attempt.state == "queued":
+            store.end_attempt(attempt.id, "cancelled", "cancelled before it started")
+        elif attempt.executor == "slurm" and attempt.job_id:
+            slurm_jobs.append(attempt.job_id)
+        elif attempt.executor == "local" and attempt.state in ("pending", "running"):
+            _terminate(attempt.pid or (int(attempt.job_id) if attempt.job_id else None))
+    if slurm_jobs:
+        from launcher import slurm
+
+        slurm.cancel_jobs(slurm_jobs)
+    return [r.id for r in cancelled]
+
+
+def _terminate(pid: int | None) -> None:
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,291 @@
+"""The `sweep` command: a thin layer that parses, calls one library function, renders."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from functools import wraps
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from launcher import render
+from launcher.grid import GridError, expand, load_sweep
+from launcher.launch import EXECUTORS, LaunchError, default_executor, launch
+from launcher.status import all_ended, collect, summary
+from store import Store, StoreError
+
+F = TypeVar("F", bound=Callable[..., Any])
+COMPUTE_AXES = ("flops", "gpu_hours", "tokens", "device_seconds", "step")
+
+
+def _fail(message: str, code: int = 1) -> None:
+    render.console(stderr=True).print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    sys.exit(code)
+
+
+def _errors(func: F) -> F:
+    """Known failures become one-line errors with a non-zero exit, not tracebacks."""
+
+    @wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except GridError as exc:
+            _fail(str(exc), 2)
+        except (StoreError, LaunchError) as exc:
+            _fail(str(exc))
+        except KeyError as exc:
+            _fail(str(exc.args[0]) if exc.args else str(exc))
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _store(ctx: click.Context) -> Store:
+    return Store(ctx.obj["db"])
+
+
+def _sweep_name(store: Store, name: str | None) -> str:
+    if name:
+        if store.get_sweep(name) is None:
+            names = [s.name for s in store.list_sweeps()]
+            raise KeyError(f"no sweep named {name!r} in {store.display_url}; sweeps: {', '.join(names) or 'none'}")
+        return name
+    sweeps = store.list_sweeps()
+    if len(sweeps) == 1:
+        return sweeps[0].name
+    if not sweeps:
+        raise KeyError(f"no sweeps in {store.display_url}; start one with `sweep launch GRID.yaml`")
+    raise KeyError(f"several sweeps in {store.display_url}; name one of: {', '.join(s.name for s in sweeps)}")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--db",
+    envvar="SWEEP_DB",
+    default=None,
+    help="SQLAlchemy URL of the store [env: SWEEP_DB; default: sqlite:///sweeps.db].",
+)
+@click.pass_context
+def cli(ctx: click.Context, db: str | None) -> None:
+    """RL scaling sweeps: launch grids as jobs, track them, fit and rank their curves."""
+    ctx.obj = {"db": db}
+
+
+@cli.command("launch")
+@click.argument("grid", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("overrides", nargs=-1)
+@click.option("--dry-run", is_flag=True, help="Print the runs (and the sbatch script) and submit nothing.")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: the runs as JSON (id and axis values).")
+@click.option(
+    "--cluster",
+    type=click.Choice(EXECUTORS),
+    default=None,
+    help="Executor [default: slurm if sbatch is on PATH, else local].",
+)
+@click.option(
+    "--retry-failed",
+    is_flag=True,
+    help="Also resubmit failed, timed-out and cancelled runs; they resume from their newest checkpoint.",
+)
+@click.option("--wait", is_flag=True, help="Show live progress until every run has ended.")
+@click.option("--max-parallel", type=int, default=None, help="Local executor: runs at once [default: number of cores].")
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where run directories go [env: SWEEP_ROOT; default: ./runs].",
+)
+@click.pass_context
+@_errors
+def launch_cmd(
+    ctx: click.Context,
+    grid: Path,
+    overrides: Sequence[str],
+    dry_run: bool,
+    as_json: bool,
+    cluster: str | None,
+    retry_failed: bool,
+    wait: bool,
+    max_parallel: int | None,
+    root: Path | None,
+) -> None:
+    """Expand GRID (a sweep YAML) into runs, register them, submit those not done.
+
+    OVERRIDES are OmegaConf dot-list edits of the sweep file: budget.steps=50 seeds=[0]
+    recipe.optim.lr=1e-4.
+    """
+    spec = load_sweep(grid, overrides)
+    plans = expand(spec)
+    executor = cluster or default_executor()
+    out = render.console()
+    if dry_run:
+        if as_json:
+            click.echo(
+                json.dumps({"sweep": spec.name, "runs": [{"id": p.id, "axes": p.axes} for p in plans]}, indent=2)
+            )
+        else:
+            out.print(render.plan_table(plans, f"sweep {spec.name}: {len(plans)} runs (dry run, nothing submitted)"))
+            if executor == "slurm":
+                from launcher import slurm
+
+                click.echo(f"\n# the sbatch script of the first array:\n{slurm.dry_run_script(spec, plans)}")
+        return
+    store = _store(ctx)
+    result = launch(
+        store, spec, plans, executor=executor, root=root, retry_failed=retry_failed, max_parallel=max_parallel
+    )
+    out.print(
+        f"sweep [bold]{result.sweep}[/]: {result.num_runs} runs, {len(result.new)} new, "
+        f"{len(result.submitted)} submitted ({result.executor}); run directories in {result.sweep_dir}"
+    )
+    if wait:
+        _watch(store, spec.name, until_done=True)
+
+
+@cli.command("status")
+@click.argument("sweep", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--watch", is_flag=True, help="Refresh until every run has ended.")
+@click.option(
+    "--compute",
+    type=click.Choice(COMPUTE_AXES[:-1]),
+    default=None,
+    help="Compute column [default: gpu_hours on GPUs, else flops].",
+)
+@click.pass_context
+@_errors
+def status_cmd(ctx: click.Context, sweep: str | None, as_json: bool, watch: bool, compute: str | None) -> None:
+    """Every run of SWEEP: state, attempts, step/budget, last pass rate, compute."""
+    store = _store(ctx)
+    name = _sweep_name(store, sweep)
+    if watch:
+        _watch(store, name, until_done=True, compute=compute)
+        return
+    rows = collect(store, name)
+    if as_json:
+        click.echo(json.dumps({"sweep": name, "runs": [r.to_json() for r in rows]}, indent=2, default=str))
+        return
+    out = render.console()
+    out.print(render.status_table(name, rows, compute=compute or _compute_axis(rows)))
+    out.print(_summary_line(rows))
+    for line in render.failures(rows):
+        out.print(f"[red]{line}[/]", soft_wrap=True)
+
+
+@cli.command("cancel")
+@click.argument("target")
+@click.pass_context
+@_errors
+def cancel_cmd(ctx: click.Context, target: str) -> None:
+    """Cancel every active run of a sweep, or one run (TARGET is a sweep name or a run id)."""
+    from launcher.cancel import cancel
+
+    store = _store(ctx)
+    cancelled = cancel(store, target)
+    render.console().print(f"cancelled {len(cancelled)} run(s): {', '.join(cancelled) or '-'}")
+
+
+@cli.command("logs")
+@click.argument("run")
+@click.option("--stderr", "which", flag_value="stderr", default=True, help="Show stderr (default).")
+@click.option("--stdout", "which", flag_value="stdout", help="Show stdout.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing as the log grows.")
+@click.pass_context
+@_errors
+def logs_cmd(ctx: click.Context, run: str, which: str, follow: bool) -> None:
+    """The latest attempt's log of RUN (a run id or unique prefix)."""
+    store = _store(ctx)
+    record = store.get_run(run)
+    attempts = store.attempts(record.id)
+    if not attempts:
+        raise KeyError(f"run {record.id} has not been submitted yet")
+    path = getattr(attempts[-1], f"{which}_path")
+    if not path or not Path(path).exists():
+        raise KeyError(
+            f"run {record.id}, attempt {attempts[-1].number}: no {which} log yet (expected at {path or 'unknown'})"
+        )
+    _print_file(Path(path), follow=follow)
+
+
+@cli.command("report")
+@click.argument("sweep", required=False)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
+@click.option(
+    "--compute",
+    type=click.Choice(COMPUTE_AXES),
+    default=None,
+    help="Compute axis of the fits [default: gpu_hours on GPUs, else flops].",
+)
+@click.pass_context
+@_errors
+def report_cmd(ctx: click.Context, sweep: str | None, fmt: str, compute: str | None) -> None:
+    """Fit the sigmoid to every run's curve and rank the runs by A, then B."""
+    from launcher.report import build_report, render_json, render_table
+
+    store = _store(ctx)
+    report = build_report(store, _sweep_name(store, sweep), compute=compute)
+    if fmt == "json":
+        click.echo(render_json(report))
+    else:
+        render_table(report, render.console())
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _compute_axis(rows: Sequence[Any]) -> str:
+    lasts = [r.last for r in rows if r.last is not None]
+    return "gpu_hours" if lasts and all(p.gpu_hours > 0 for p in lasts) else "flops"
+
+
+def _summary_line(rows: Sequence[Any]) -> str:
+    counts = summary(list(rows))
+    return ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no runs"
+
+
+def _watch(store: Store, sweep: str, *, until_done: bool, compute: str | None = None, interval_s: float = 2.0) -> None:
+    """Live table until every run has ended; Ctrl-C stops watching, not the runs."""
+    from rich.live import Live
+
+    out = render.console()
+    try:
+        with Live(console=out, auto_refresh=False) as live:
+            while True:
+                rows = collect(store, sweep)
+                done = sum(r.run.state in ("completed", "failed", "cancelled", "timeout") for r in rows)
+                table = render.status_table(sweep, rows, compute=compute or _compute_axis(rows))
+                table.caption = f"{done}/{len(rows)} runs ended · {_summary_line(rows)}"
+                live.update(table, refresh=True)
+                if until_done and all_ended(rows):
+                    break
+                time.sleep(interval_s)
+    except KeyboardInterrupt:
+        out.print("stopped watching; the runs go on")
+        return
+    for line in render.failures(rows):
+        out.print(f"[red]{line}[/]", soft_wrap=True)
+
+
+def _print_file(path: Path, *, follow: bool) -> None:
+    with open(path, errors="replace") as handle:
+        sys.stdout.write(handle.read())
+        sys.stdout.flush()
+        while follow:
+            chunk = handle.read()
+            if chunk:
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+            else:
+                time.sleep(0.5)
+
+
+def main() -> None:
+    cli(prog_name="sweep")
+
+
+if __name__ == "__main__":
+    main()

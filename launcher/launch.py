@@ -1,0 +1,128 @@
+"""`sweep launch`: register a sweep's runs and submit the ones that are not done.
+
+Idempotent: run ids are hashes of resolved configs, so launching the same grid again registers
+nothing and submits nothing; runs are claimed atomically before submission, so two launches of one
+grid at once submit each run once.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher import local
+from launcher.grid import RunPlan, SweepSpec
+from recipe.config import write_run_files
+from store import NewRun, RunRecord, Store
+
+EXECUTORS = ("slurm", "local", "debug")
+
+
+class LaunchError(RuntimeError):
+    """Submission failed; nothing was left half-submitted."""
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    sweep: str
+    sweep_dir: str
+    executor: str
+    num_runs: int
+    new: list[str]
+    submitted: list[str]
+    extended: list[str] = field(default_factory=list)  # completed runs whose budget was raised
+
+
+def default_executor() -> str:
+    return "slurm" if shutil.which("sbatch") else "local"
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("SWEEP_ROOT", "runs")).resolve()
+
+
+def launch(
+    store: Store,
+    spec: SweepSpec,
+    plans: Sequence[RunPlan],
+    *,
+    executor: str,
+    root: Path | None = None,
+    retry_failed: bool = False,
+    max_parallel: int | None = None,
+) -> LaunchResult:
+    if executor not in EXECUTORS:
+        raise LaunchError(f"unknown executor {executor!r}; allowed: {', '.join(EXECUTORS)}")
+    existing_sweep = store.get_sweep(spec.name)
+    sweep_dir = (
+        Path(existing_sweep.root_dir) if existing_sweep and root is None else (root or default_root()) / spec.name
+    )
+    store.upsert_sweep(
+        spec.name, {"file": spec.path, "grid": spec.raw, "resources": spec.resources}, str(sweep_dir), executor
+    )
+
+    known = {r.id: r for r in store.runs(spec.name)}
+    fresh = [p for p in plans if p.id not in known]
+    extended = _update_budgets(store, spec.name, plans, known)
+    for plan in fresh:  # files first: a job must never start without them
+        write_run_files(sweep_dir / plan.id, run_id=plan.id, sweep=spec.name, db_url=store.url, config=plan.config)
+    new = store.register_runs(
+        spec.name,
+        [NewRun(p.id, p.position, p.config.to_dict(), p.axes, p.budget, str(sweep_dir / p.id)) for p in fresh],
+    )
+
+    from_states = ["registered"] + (["failed", "cancelled", "timeout"] if retry_failed else [])
+    wanted = [p.id for p in plans if p.id not in known or known[p.id].state in from_states]
+    token = uuid.uuid4().hex
+    claimed = store.claim_runs(wanted, from_states, token) + store.claim_runs(extended, ["completed"], token)
+    if claimed:
+        runs = [r for r in store.runs(spec.name, states=["submitting"]) if r.id in set(claimed)]
+        _submit(store, runs, executor, max_parallel=max_parallel)
+    elif executor == "local":
+        local.ensure_scheduler(store, max_parallel=max_parallel)
+    return LaunchResult(spec.name, str(sweep_dir), executor, len(plans), new, claimed, extended)
+
+
+def _update_budgets(store: Store, sweep: str, plans: Sequence[RunPlan], known: dict[str, RunRecord]) -> list[str]:
+    """A changed budget is written to the run (and its config.yaml); completed runs whose budget
+    changed are returned, to be submitted again: they resume from their last checkpoint."""
+    extended = []
+    for plan in plans:
+        run = known.get(plan.id)
+        if run is None or run.budget == plan.budget:
+            continue
+        store.set_run_budget(run.id, plan.budget, plan.config.to_dict())
+        write_run_files(run.run_dir, run_id=run.id, sweep=sweep, db_url=store.url, config=plan.config)
+        if run.state == "completed":
+            extended.append(run.id)
+    return extended
+
+
+def _submit(store: Store, runs: list[RunRecord], executor: str, *, max_parallel: int | None) -> None:
+    try:
+        if executor == "local":
+            local.submit(store, runs, max_parallel=max_parallel)
+        elif executor == "debug":
+            _run_in_process(store, runs)
+        else:
+            from launcher import slurm
+
+            slurm.submit(store, runs)
+    except Exception as exc:
+        for run in runs:  # nothing stays claimed by a launch that failed
+            store.set_run_state(run.id, "registered", f"submission failed: {exc}", only_from=["submitting"])
+        raise LaunchError(f"submitting {len(runs)} runs with the {executor} executor failed: {exc}") from exc
+
+
+def _run_in_process(store: Store, runs: list[RunRecord]) -> None:
+    """`--cluster debug`: run each job here, one after the other (for pdb and quick checks)."""
+    from launcher.job import run_recipe
+
+    for run in runs:
+        store.add_attempt(run.id, "debug", state="queued")
+        store.set_run_state(run.id, "queued")
+        run_recipe(run.run_dir)

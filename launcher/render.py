@@ -1,0 +1,98 @@
+"""Rendering for the CLI: rich tables and plain text. Nothing here computes or writes state."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from launcher.grid import RunPlan
+from launcher.status import StatusRow
+
+STATE_STYLE = {
+    "completed": "green",
+    "running": "cyan",
+    "failed": "bold red",
+    "cancelled": "yellow",
+    "timeout": "red",
+    "preempted": "magenta",
+    "queued": "blue",
+    "pending": "blue",
+    "submitting": "blue",
+    "registered": "dim",
+}
+
+
+def fmt_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
+def fmt_compute(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0"
+    return f"{value:.3g}"
+
+
+def plan_table(plans: Sequence[RunPlan], title: str) -> Table:
+    axis_keys = _axis_keys([p.axes for p in plans])
+    table = Table(title=title, title_justify="left")
+    table.add_column("run")
+    for key in axis_keys:
+        table.add_column(key)
+    table.add_column("budget")
+    for plan in plans:
+        budget = ", ".join(f"{k}={fmt_value(v)}" for k, v in plan.budget.items() if v is not None)
+        table.add_row(plan.id, *(fmt_value(plan.axes.get(k)) for k in axis_keys), budget)
+    return table
+
+
+def status_table(sweep: str, rows: Sequence[StatusRow], *, compute: str) -> Table:
+    axis_keys = _axis_keys([r.run.axes for r in rows])
+    table = Table(title=f"sweep {sweep}", title_justify="left")
+    table.add_column("run")
+    for key in axis_keys:
+        table.add_column(key)
+    for name in ("state", "att.", "step", "pass rate", compute, "job"):
+        table.add_column(name, justify="right" if name in ("att.", "step", "pass rate", compute) else "left")
+    for row in rows:
+        state = row.run.state
+        budget = row.budget_steps
+        step = f"{row.run.step}/{budget}" if budget else str(row.run.step)
+        last = row.last
+        table.add_row(
+            row.run.id,
+            *(fmt_value(row.run.axes.get(k)) for k in axis_keys),
+            f"[{STATE_STYLE.get(state, '')}]{state}[/]",
+            str(row.num_attempts),
+            step,
+            f"{last.pass_rate:.3f}" if last else "-",
+            fmt_compute(getattr(last, compute) if last else None),
+            (row.attempt.job_id or "-") if row.attempt else "-",
+        )
+    return table
+
+
+def failures(rows: Sequence[StatusRow]) -> list[str]:
+    """One line per failed/timed-out run: its reason and where its log is."""
+    lines = []
+    for row in rows:
+        if row.run.state in ("failed", "timeout") and row.run.state_reason:
+            lines.append(f"{row.run.id}: {row.run.state_reason}")
+    return lines
+
+
+def _axis_keys(axes: Sequence[dict[str, Any]]) -> list[str]:
+    keys: list[str] = []
+    for a in axes:
+        keys += [k for k in a if k not in keys]
+    return keys
+
+
+def console(stderr: bool = False) -> Console:
+    return Console(stderr=stderr, highlight=False)

@@ -1,0 +1,102 @@
+"""`sweep status`: where every run of a sweep stands.
+
+Before reading, the store is reconciled with the executors: local attempts whose process is gone
+without a word become failed; Slurm attempts are refreshed with one sacct query for the whole
+sweep (launcher.slurm). Queued local work without a scheduler gets one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from launcher import local
+from store import AttemptRecord, EvalRecord, RunRecord, Store
+
+TERMINAL_STATES = ("completed", "failed", "cancelled", "timeout")
+
+
+@dataclass(frozen=True)
+class StatusRow:
+    run: RunRecord
+    num_attempts: int
+    attempt: AttemptRecord | None
+    last: EvalRecord | None
+
+    @property
+    def budget_steps(self) -> int | None:
+        return self.run.budget.get("steps")
+
+    def to_json(self) -> dict[str, Any]:
+        a, last = self.attempt, self.last
+        return {
+            "run": self.run.id,
+            "axes": self.run.axes,
+            "state": self.run.state,
+            "reason": self.run.state_reason,
+            "attempts": self.num_attempts,
+            "step": self.run.step,
+            "budget": self.run.budget,
+            "pass_rate": last.pass_rate if last else None,
+            "flops": last.flops if last else None,
+            "gpu_hours": last.gpu_hours if last else None,
+            "job_id": a.job_id if a else None,
+            "executor": a.executor if a else None,
+            "node": a.node if a else None,
+            "stdout": a.stdout_path if a else None,
+            "stderr": a.stderr_path if a else None,
+            "run_dir": self.run.run_dir,
+        }
+
+
+def collect(store: Store, sweep: str, *, reconcile: bool = True) -> list[StatusRow]:
+    if reconcile:
+        reconcile_local(store, sweep)
+        if any(a.executor == "slurm" for a in store.latest_attempts(sweep).values()):
+            from launcher import slurm
+
+            slurm.reconcile(store, sweep)
+    runs = store.runs(sweep)
+    attempts = store.latest_attempts(sweep)
+    counts = store.attempt_counts(sweep)
+    last = store.last_eval_points(sweep)
+    return [StatusRow(r, counts.get(r.id, 0), attempts.get(r.id), last.get(r.id)) for r in runs]
+
+
+def reconcile_local(store: Store, sweep: str) -> None:
+    """Fail running local attempts whose process died unseen (e.g. the scheduler was killed too)."""
+    host = socket.gethostname()
+    for attempt in store.active_attempts(local.EXECUTOR, sweep):
+        if attempt.state != "running" or attempt.node != host or attempt.pid is None or _alive(attempt.pid):
+            continue
+        reason = f"process {attempt.pid} is gone without reporting an end (killed?) (log: {attempt.stderr_path})"
+        store.settle_attempt(attempt.id, "failed", reason)
+    local.ensure_scheduler(store)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead for our purpose; /proc tells (Linux).
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def summary(rows: list[StatusRow]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for row in rows:
+        out[row.run.state] = out.get(row.run.state, 0) + 1
+    return out
+
+
+def all_ended(rows: list[StatusRow]) -> bool:
+    return all(r.run.state in TERMINAL_STATES or r.run.state == "registered" for r in rows)
