@@ -140,7 +140,9 @@ def launch_cmd(
     )
     out.print(
         f"sweep [bold]{result.sweep}[/]: {result.num_runs} runs, {len(result.new)} new, "
-        f"{len(result.submitted)} submitted ({result.executor}); run directories in {result.sweep_dir}"
+        f"{len(result.submitted)} submitted ({result.executor})"
+        + (f", {result.waiting} waiting for room under the cluster's submit limit" if result.waiting else "")
+        + f"; run directories in {result.sweep_dir}"
     )
     if wait:
         _watch(store, spec.name, until_done=True)

@@ -35,6 +35,7 @@ class LaunchResult:
     new: list[str]
     submitted: list[str]
     extended: list[str] = field(default_factory=list)  # completed runs whose budget was raised
+    waiting: int = 0  # held back by a submit limit; they go out at the next launch or status
 
 
 def default_executor() -> str:
@@ -79,12 +80,14 @@ def launch(
     wanted = [p.id for p in plans if p.id not in known or known[p.id].state in from_states]
     token = uuid.uuid4().hex
     claimed = store.claim_runs(wanted, from_states, token) + store.claim_runs(extended, ["completed"], token)
+    submitted: list[str] = []
     if claimed:
         runs = [r for r in store.runs(spec.name, states=["submitting"]) if r.id in set(claimed)]
-        _submit(store, runs, executor, max_parallel=max_parallel)
+        submitted = _submit(store, runs, executor, max_parallel=max_parallel)
     elif executor == "local":
         local.ensure_scheduler(store, max_parallel=max_parallel)
-    return LaunchResult(spec.name, str(sweep_dir), executor, len(plans), new, claimed, extended)
+    waiting = len(claimed) - len(submitted)
+    return LaunchResult(spec.name, str(sweep_dir), executor, len(plans), new, submitted, extended, waiting)
 
 
 def _update_budgets(store: Store, sweep: str, plans: Sequence[RunPlan], known: dict[str, RunRecord]) -> list[str]:
@@ -102,7 +105,8 @@ def _update_budgets(store: Store, sweep: str, plans: Sequence[RunPlan], known: d
     return extended
 
 
-def _submit(store: Store, runs: list[RunRecord], executor: str, *, max_parallel: int | None) -> None:
+def _submit(store: Store, runs: list[RunRecord], executor: str, *, max_parallel: int | None) -> list[str]:
+    """Submit; return the ids that went out (a Slurm submit limit may hold some back)."""
     try:
         if executor == "local":
             local.submit(store, runs, max_parallel=max_parallel)
@@ -111,11 +115,12 @@ def _submit(store: Store, runs: list[RunRecord], executor: str, *, max_parallel:
         else:
             from launcher import slurm
 
-            slurm.submit(store, runs)
+            return slurm.submit(store, runs)
     except Exception as exc:
         for run in runs:  # nothing stays claimed by a launch that failed
             store.set_run_state(run.id, "registered", f"submission failed: {exc}", only_from=["submitting"])
         raise LaunchError(f"submitting {len(runs)} runs with the {executor} executor failed: {exc}") from exc
+    return [r.id for r in runs]
 
 
 def _run_in_process(store: Store, runs: list[RunRecord]) -> None:

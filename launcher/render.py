@@ -42,7 +42,7 @@ def fmt_compute(value: float | None) -> str:
 def plan_table(plans: Sequence[RunPlan], title: str) -> Table:
     axis_keys = _axis_keys([p.axes for p in plans])
     table = Table(title=title, title_justify="left")
-    table.add_column("run")
+    table.add_column("run", no_wrap=True, min_width=12)
     for key in axis_keys:
         table.add_column(key)
     table.add_column("budget")
@@ -55,7 +55,7 @@ def plan_table(plans: Sequence[RunPlan], title: str) -> Table:
 def status_table(sweep: str, rows: Sequence[StatusRow], *, compute: str) -> Table:
     axis_keys = _axis_keys([r.run.axes for r in rows])
     table = Table(title=f"sweep {sweep}", title_justify="left")
-    table.add_column("run")
+    table.add_column("run", no_wrap=True, min_width=12)
     for key in axis_keys:
         table.add_column(key)
     for name in ("state", "att.", "step", "pass rate", compute, "job"):

@@ -25,7 +25,7 @@ CLUSTER_NAME="${DEV_CLUSTER_NAME:-dev}"
 ACCOUNT="${DEV_CLUSTER_ACCOUNT:-dev}"
 PARTITION="${DEV_CLUSTER_PARTITION:-debug}"
 # CPUs the node claims to have; more than the real cores so array tasks run side by side.
-CPUS="${DEV_CLUSTER_CPUS:-8}"
+CPUS="${DEV_CLUSTER_CPUS:-32}"
 MEMORY_MB="${DEV_CLUSTER_MEMORY_MB:-$(awk '/^MemTotal:/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)}"
 MAX_ARRAY_SIZE="${DEV_CLUSTER_MAX_ARRAY_SIZE:-1001}"
 MAX_JOB_COUNT="${DEV_CLUSTER_MAX_JOB_COUNT:-10000}"

@@ -231,16 +231,12 @@ class Store:
     # -- sweeps --------------------------------------------------------------------------------
 
     def upsert_sweep(self, name: str, spec: dict[str, Any], root_dir: str, executor: str) -> SweepRecord:
-        """Create the sweep, or update its spec/root/executor if it exists."""
+        """Create the sweep, or update its spec/root/executor if it exists (safe to race)."""
+        values = {"name": name, "spec": spec, "root_dir": root_dir, "executor": executor}
         with self._write(f"registering sweep {name!r}") as s:
-            row = s.scalar(select(Sweep).where(Sweep.name == name))
-            if row is None:
-                row = Sweep(name=name, spec=spec, root_dir=root_dir, executor=executor)
-                s.add(row)
-            else:
-                row.spec, row.root_dir, row.executor = spec, root_dir, executor
-            s.flush()
-            return _sweep(row)
+            stmt = _insert(self)(Sweep).values(**values)
+            s.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={**values, "updated_at": utcnow()}))
+            return _sweep(s.scalar(select(Sweep).where(Sweep.name == name)))
 
     def get_sweep(self, name: str) -> SweepRecord | None:
         with self._read(f"reading sweep {name!r}") as s:
@@ -254,24 +250,22 @@ class Store:
     # -- runs ----------------------------------------------------------------------------------
 
     def register_runs(self, sweep: str, runs: Sequence[NewRun]) -> list[str]:
-        """Insert the runs that are not in the store yet; return the ids that were new."""
+        """Insert the runs that are not in the store yet; return the ids that were new. Two
+        launches racing on one grid each see only the runs they inserted themselves."""
+        if not runs:
+            return []
         with self._write(f"registering runs of {sweep!r}") as s:
             sweep_id = _sweep_id(s, sweep)
-            existing = set(s.scalars(select(Run.id).where(Run.id.in_([r.id for r in runs]))))
-            new = [r for r in runs if r.id not in existing]
-            s.add_all(
-                Run(
-                    id=r.id,
-                    sweep_id=sweep_id,
-                    position=r.position,
-                    config=r.config,
-                    axes=r.axes,
-                    budget=r.budget,
-                    run_dir=r.run_dir,
-                )
-                for r in new
-            )
-            return [r.id for r in new]
+            rows = [
+                {"id": r.id, "sweep_id": sweep_id, "position": r.position, "config": r.config, "axes": r.axes,
+                 "budget": r.budget, "run_dir": r.run_dir, "state": "registered", "step": 0}
+                for r in runs
+            ]  # fmt: skip
+            inserted: set[str] = set()
+            for start in range(0, len(rows), 1000):  # SQLite caps the bound parameters of one statement
+                stmt = _insert(self)(Run).values(rows[start : start + 1000]).on_conflict_do_nothing()
+                inserted.update(s.scalars(stmt.returning(Run.id)))
+            return [r.id for r in runs if r.id in inserted]
 
     def set_run_budget(self, run_id: str, budget: dict[str, Any], config: dict[str, Any]) -> None:
         with self._write(f"updating the budget of run {run_id}") as s:
@@ -548,12 +542,17 @@ class Store:
 # Helpers
 
 
-def _upsert(store: Store, model: type, rows: list[dict[str, Any]], keys: tuple[str, ...]) -> Any:
+def _insert(store: Store) -> Any:
+    """The dialect's INSERT, which knows ON CONFLICT."""
     if store.is_sqlite:
         from sqlalchemy.dialects.sqlite import insert
     else:
         from sqlalchemy.dialects.postgresql import insert
-    stmt = insert(model).values(rows)
+    return insert
+
+
+def _upsert(store: Store, model: type, rows: list[dict[str, Any]], keys: tuple[str, ...]) -> Any:
+    stmt = _insert(store)(model).values(rows)
     updatable = {c: stmt.excluded[c] for c in rows[0] if c not in keys}
     return stmt.on_conflict_do_update(index_elements=list(keys), set_=updatable)
 
