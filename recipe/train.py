@@ -1,0 +1,550 @@
+"""RL training on the torch engine (one CPU process): the ScaleRL loop, top to bottom.
+
+One optimizer step:
+
+1. Prompts: `batch.prompts` training prompts, epoch by epoch without replacement. With
+   `filter.no_positive_resampling`, a prompt whose group pass rate reaches `filter.npr_threshold`
+   leaves the training set for good.
+2. Rollouts: `batch.generations` completions per prompt, sampled at temperature 1 with no top-p or
+   top-k, each token's behaviour log-prob recorded; a completion ends at EOS or at the generation
+   cap (the task's own, below `length.max_new_tokens`), where it counts as truncated.
+3. Rewards: the task's verifiable reward; with `length.control=penalty` plus DAPO's overlong
+   penalty. `length.control=interrupt` would cut a completion at a budget drawn from
+   [interrupt_min, interrupt_max] and force an answer; this engine accepts it only when the budget
+   lies beyond the generation cap, where no completion reaches it (always so for sort6, whose
+   completions are at most 7 tokens; it has no thinking phase to interrupt).
+4. Advantages: A = r - mean(group r), scaled by `advantage.norm`. With `filter.zero_variance`,
+   groups whose rewards are all equal leave the batch before anything is computed on it.
+5. Update: `loss.type` on the importance ratio exp(logp_trainer - logp_behaviour), aggregated by
+   `loss.aggregation` over whole-batch counts; one AdamW step (lr rising linearly over
+   `optim.warmup_steps`, then constant), gradient norm clipped to `optim.max_grad_norm`.
+
+Off-policy modes (`async.mode`, k = `async.max_lag`):
+
+- ppo-offpolicy (PPO-off-policy-k): k batches are generated with one policy, then k optimizer steps
+  are taken, one per batch; the i-th step of a round trains on data i policy versions old, so the
+  importance ratios move away from 1.
+- pipeline (PipelineRL-k): this single-process engine alternates generation and training, so every
+  batch comes from the current policy: lag 0, within PipelineRL-k's bound, ratios 1 up to
+  numerics. Generators that keep streaming while weights are pushed in flight, the point of
+  PipelineRL, come with the vLLM engine.
+
+Evaluation: the held-out pass rate, mean@k (k = `eval.samples`) over every held-out prompt, sampled
+at temperature 1 with a random stream of its own (seeded by run seed and step), at step 0, at steps
+1, 2, 4, 8, ... below `eval.every` (`eval.log_spaced`), every `eval.every` steps, and at the last
+step.
+
+Compute, cumulative, in every eval point: `flops` = 2·N·(prompt + completion tokens) generated +
+6·N·(prompt + completion tokens) trained, with N every parameter but the input embedding table
+(`recipe.model.matmul_param_count`; a lookup costs no multiply-adds); attention FLOPs are left
+out (tiny at these lengths), and so is evaluation. `tokens` = completion tokens generated for
+training. `device_seconds` = wall time of training steps (generation + update), without evaluation
+and checkpointing. `gpu_hours` = GPUs x those hours: 0 on this CPU engine.
+
+Checkpoints (`recipe.checkpoint`) every `checkpoint.every` steps, at the end, and when
+`should_stop()` (asked once per step) returns true. A run resumes from its newest valid checkpoint
+and continues the same trajectory bit for bit: weights, AdamW state, step (the lr schedule is a
+function of it), compute counters, prompt order and NPR state, batches generated but not yet
+trained on (ppo-offpolicy), and the random states. The eval stream is seeded per step, so eval
+points do not depend on where a run was interrupted.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from recipe import checkpoint
+from recipe.advantages import group_advantages, overlong_penalty, zero_variance_groups
+from recipe.builtin import resolve_model_dir
+from recipe.config import ConfigError, NotAvailableError, RecipeConfig, flatten
+from recipe.curriculum import PromptDrawer
+from recipe.losses import batch_counts, group_token_counts, log_ratio, policy_loss
+from recipe.model import completion_logprobs, load_policy, matmul_param_count
+from recipe.sampler import Completions, decode, sample
+from recipe.sink import Sink
+from recipe.tasks import Task, load_task
+
+NUM_GPUS = 0
+"""GPUs this engine holds: it trains and generates on CPU."""
+EVAL_CHUNK = 4096
+"""Held-out sequences sampled in one batch: bounds the KV cache's memory."""
+_SAMPLING_STREAM, _PROMPT_STREAM, _EVAL_STREAM = 1, 2, 3
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    final_step: int
+    state: Literal["completed", "stopped"]
+    resumed_from_step: int | None
+
+
+@dataclass
+class Compute:
+    """Cumulative compute spent on training (see the module docstring for the definitions)."""
+
+    flops: float = 0.0
+    tokens: int = 0
+    device_seconds: float = 0.0
+    gpu_hours: float = 0.0
+
+
+@dataclass
+class Rollout:
+    """One generated batch, P prompts x G completions, stored group after group."""
+
+    prompt_rows_P: torch.Tensor
+    """Indices into the task's training prompts."""
+    prompt_ids_BP: torch.Tensor
+    completions: Completions
+    rewards_PG: torch.Tensor
+    passes_PG: torch.Tensor
+    """The task's own reward, before length shaping: what pass rates and NPR use."""
+    policy_version: int
+    """The number of optimizer steps the generating policy had taken."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in vars(self).items() if k != "completions"}
+        return out | {"completions": asdict(self.completions)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Rollout:
+        return cls(**(data | {"completions": Completions(**data["completions"])}))
+
+
+@dataclass
+class RunState:
+    """Everything a step reads or changes; `checkpoint_state` saves the parts that change."""
+
+    cfg: RecipeConfig
+    task: Task
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerFast
+    optimizer: torch.optim.Optimizer
+    drawer: PromptDrawer
+    generator: torch.Generator
+    train_prompt_ids: torch.Tensor
+    valid_prompt_ids: torch.Tensor
+    max_new_tokens: int
+    num_matmul_params: int
+    step: int = 0
+    compute: Compute = field(default_factory=Compute)
+    pending: list[Rollout] = field(default_factory=list)
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+
+
+def train(
+    cfg: RecipeConfig,
+    run_dir: Path,
+    sink: Sink,
+    *,
+    should_stop: Callable[[], bool] = lambda: False,
+    log: Callable[[str], None] = print,
+) -> TrainOutcome:
+    """Train until the budget, resuming from `run_dir`'s newest valid checkpoint if there is one."""
+    check_engine(cfg)
+    check_budget(cfg)
+    torch.set_num_threads(cfg.engine.threads)
+    task = load_task(cfg.data)
+    state = initial_state(cfg, task, generation_cap(cfg, task, log), log)
+    resumed_from = resume(state, run_dir, sink, log)
+    if resumed_from is None:
+        report_eval(state, sink, log)
+    while finish_reason(state) is None:
+        metrics = train_step(state)
+        sink.train_metrics(state.step, metrics)
+        final = finish_reason(state) is not None
+        if final or is_eval_step(state.step, cfg):
+            report_eval(state, sink, log)
+        stop = not final and should_stop()
+        if final or stop or state.step % cfg.checkpoint.every == 0:
+            save_checkpoint(state, run_dir, sink)
+        if stop:
+            log(f"stopped at step {state.step} on request; checkpoint saved")
+            return TrainOutcome(state.step, "stopped", resumed_from)
+    log(f"completed at step {state.step}: {finish_reason(state)}")
+    return TrainOutcome(state.step, "completed", resumed_from)
+
+
+def train_step(state: RunState) -> dict[str, float]:
+    """Generate if no batch is waiting, then one optimizer step on the oldest waiting batch."""
+    started = time.perf_counter()
+    if not state.pending:
+        state.pending = generate_round(state)
+    rollout = state.pending.pop(0)
+    metrics = rollout_metrics(rollout) | policy_update(state, rollout)
+    metrics["lag"] = state.step - rollout.policy_version
+    state.step += 1
+    elapsed = time.perf_counter() - started
+    state.compute.device_seconds += elapsed
+    state.compute.gpu_hours += NUM_GPUS * elapsed / 3600
+    metrics |= {"step_seconds": elapsed, "num_active_prompts": state.drawer.num_active}
+    state.last_metrics = metrics
+    return metrics
+
+
+def finish_reason(state: RunState) -> str | None:
+    """Why the run is over, or None: a budget reached, or NPR left too few training prompts."""
+    budget, compute = state.cfg.budget, state.compute
+    if budget.steps is not None and state.step >= budget.steps:
+        return f"budget.steps={budget.steps} reached"
+    if budget.flops is not None and compute.flops >= budget.flops:
+        return f"budget.flops={budget.flops:.3g} reached"
+    if budget.gpu_hours is not None and compute.gpu_hours >= budget.gpu_hours:
+        return f"budget.gpu_hours={budget.gpu_hours} reached"
+    if not state.pending and state.drawer.num_active < state.cfg.batch.prompts:
+        return f"only {state.drawer.num_active} training prompts left after No-Positive-Resampling"
+    return None
+
+
+def is_eval_step(step: int, cfg: RecipeConfig) -> bool:
+    """Step 0, powers of two below `eval.every` (if log-spaced), then multiples of `eval.every`."""
+    every = cfg.eval.every
+    if step % every == 0:
+        return True
+    return cfg.eval.log_spaced and step < every and step & (step - 1) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks: what this engine cannot do fails before any work
+
+
+def check_engine(cfg: RecipeConfig) -> None:
+    """Only the torch engine (on CPU) exists yet; `auto` means it on a machine without CUDA."""
+    has_cuda = torch.cuda.is_available()
+    for key, accelerated in (("engine.generator", "vllm"), ("engine.trainer", "deepspeed")):
+        requested = cfg.get(key)
+        resolved = (accelerated if has_cuda else "torch") if requested == "auto" else requested
+        if resolved != "torch":
+            raise NotAvailableError(
+                f"{key}={requested!r} (the {accelerated} engine) is not available yet in this version; "
+                f"set {key}=torch to train with plain torch on CPU"
+            )
+
+
+def check_budget(cfg: RecipeConfig) -> None:
+    """A budget this engine can reach: it spends no GPU-hours."""
+    if cfg.budget.steps is None and cfg.budget.flops is None:
+        raise ConfigError(
+            "budget.gpu_hours",
+            "the torch engine runs on CPU and spends no GPU-hours, so budget.gpu_hours alone never "
+            "ends a run; set budget.steps or budget.flops",
+        )
+
+
+def generation_cap(cfg: RecipeConfig, task: Task, log: Callable[[str], None]) -> int:
+    """The most new tokens per completion; refuses an interrupt budget that could be reached."""
+    cap = min(task.max_new_tokens, cfg.length.max_new_tokens)
+    if cfg.length.control == "interrupt":
+        if cfg.length.interrupt_min < cap:
+            raise NotAvailableError(
+                f"length.control=interrupt with length.interrupt_min={cfg.length.interrupt_min} below the "
+                f"generation cap of {cap} tokens: forced interruption is not available yet in this version "
+                f"({task.name} has no thinking phase to interrupt); raise length.interrupt_min to >= {cap} "
+                "or use length.control=penalty or none"
+            )
+        log(
+            f"length.control=interrupt: budgets of {cfg.length.interrupt_min}-{cfg.length.interrupt_max} "
+            f"tokens lie beyond the {cap}-token cap, so no completion is interrupted"
+        )
+    return cap
+
+
+# ---------------------------------------------------------------------------------------------
+# Set-up and resume
+
+
+def initial_state(cfg: RecipeConfig, task: Task, max_new_tokens: int, log: Callable[[str], None]) -> RunState:
+    """The policy at step 0, its optimizer, and seeded random streams."""
+    model, tokenizer = load_policy(
+        resolve_model_dir(cfg.model.path, log), dtype=cfg.model.dtype, lm_head_fp32=cfg.precision.lm_head_fp32
+    )
+    # Nothing here draws from the global generators; seed them for any library code that does.
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    random.seed(cfg.seed)
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.optim.lr,
+        betas=(cfg.optim.beta1, cfg.optim.beta2),
+        eps=cfg.optim.eps,
+        weight_decay=cfg.optim.weight_decay,
+    )
+    num_matmul_params = matmul_param_count(model)
+    log(f"policy: {sum(p.numel() for p in model.parameters())} parameters ({num_matmul_params} in matmuls)")
+    return RunState(
+        cfg=cfg,
+        task=task,
+        model=model,
+        tokenizer=tokenizer,
+        optimizer=optimizer,
+        drawer=PromptDrawer(len(task.train_prompts), seed=_seed(_PROMPT_STREAM, cfg.seed)),
+        generator=torch.Generator().manual_seed(_seed(_SAMPLING_STREAM, cfg.seed)),
+        train_prompt_ids=tokenizer(task.train_prompts, return_tensors="pt").input_ids,
+        valid_prompt_ids=tokenizer(task.valid_prompts, return_tensors="pt").input_ids,
+        max_new_tokens=max_new_tokens,
+        num_matmul_params=num_matmul_params,
+    )
+
+
+def resume(state: RunState, run_dir: Path, sink: Sink, log: Callable[[str], None]) -> int | None:
+    """Restore the newest valid checkpoint into `state`; its step, or None for a fresh run."""
+    saved = checkpoint.load_newest_valid(run_dir, log, on_discarded=sink.checkpoint_deleted)
+    if saved is None:
+        return None
+    changed = _changed_keys(saved["config"], state.cfg.to_dict())
+    if changed:
+        log(f"config changed since the checkpoint: {', '.join(changed)}")
+    state.model.load_state_dict(saved["model"])
+    state.optimizer.load_state_dict(saved["optimizer"])
+    state.step = saved["step"]
+    state.compute = Compute(**saved["compute"])
+    state.drawer.load_state_dict(saved["prompts"])
+    state.pending = [Rollout.from_dict(r) for r in saved["pending"]]
+    _restore_rng(state, saved["rng"])
+    sink.resumed(state.step)
+    log(f"resumed from step {state.step}")
+    return state.step
+
+
+def save_checkpoint(state: RunState, run_dir: Path, sink: Sink) -> None:
+    path = checkpoint.save(run_dir, state.step, checkpoint_state(state))
+    sink.checkpoint_saved(state.step, str(path))
+    for step in checkpoint.prune(run_dir, state.cfg.checkpoint.keep):
+        sink.checkpoint_deleted(step)
+
+
+def checkpoint_state(state: RunState) -> dict[str, Any]:
+    """What a checkpoint holds: everything that a resumed run needs to continue identically."""
+    np_name, np_key, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    return {
+        "format": checkpoint.FORMAT_VERSION,
+        "step": state.step,
+        "model": state.model.state_dict(),
+        "optimizer": state.optimizer.state_dict(),
+        "compute": asdict(state.compute),
+        "prompts": state.drawer.state_dict(),
+        "pending": [r.to_dict() for r in state.pending],
+        "rng": {
+            "sampling": state.generator.get_state(),
+            "torch": torch.get_rng_state(),
+            "numpy": (np_name, np_key.tolist(), np_pos, np_has_gauss, np_gauss),
+            "python": random.getstate(),
+        },
+        "config": state.cfg.to_dict(),
+    }
+
+
+def _restore_rng(state: RunState, rng: dict[str, Any]) -> None:
+    state.generator.set_state(rng["sampling"])
+    torch.set_rng_state(rng["torch"])
+    np_name, np_key, np_pos, np_has_gauss, np_gauss = rng["numpy"]
+    np.random.set_state((np_name, np.array(np_key, dtype=np.uint32), np_pos, np_has_gauss, np_gauss))
+    random.setstate(rng["python"])
+
+
+def _changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    old_flat, new_flat = flatten(old), flatten(new)
+    return sorted(k for k in new_flat.keys() | old_flat.keys() if old_flat.get(k) != new_flat.get(k))
+
+
+def _seed(stream: int, *keys: int) -> int:
+    """An independent seed per random stream (and per eval step), from the run's seed."""
+    return int(np.random.SeedSequence([stream, *keys]).generate_state(1)[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Generation and rewards
+
+
+def generate_round(state: RunState) -> list[Rollout]:
+    """The batches one policy generates: k under ppo-offpolicy, one under pipeline."""
+    cfg = state.cfg
+    num_batches = cfg.async_.max_lag if cfg.async_.mode == "ppo-offpolicy" else 1
+    batches = []
+    for _ in range(num_batches):
+        if state.drawer.num_active < cfg.batch.prompts:
+            break
+        batches.append(generate_batch(state))
+    return batches
+
+
+def generate_batch(state: RunState) -> Rollout:
+    """Draw prompts, sample their groups, score them, and retire prompts the policy has mastered."""
+    cfg, task = state.cfg, state.task
+    num_prompts, group_size = cfg.batch.prompts, cfg.batch.generations
+    rows_P = torch.from_numpy(state.drawer.draw(num_prompts))
+    prompt_ids_BP = state.train_prompt_ids[rows_P].repeat_interleave(group_size, dim=0)
+    completions = sample(
+        state.model,
+        prompt_ids_BP,
+        max_new_tokens=state.max_new_tokens,
+        eos_id=state.tokenizer.eos_token_id,
+        pad_id=state.tokenizer.pad_token_id,
+        generator=state.generator,
+    )
+    prompts = [task.train_prompts[int(r)] for r in rows_P for _ in range(group_size)]
+    passes_B = torch.tensor([task.reward(p, c) for p, c in zip(prompts, decode(state.tokenizer, completions))])
+    rewards_B = shaped_rewards(passes_B, completions.lengths_B, cfg)
+    passes_PG = passes_B.view(num_prompts, group_size)
+    if cfg.filter.no_positive_resampling:
+        state.drawer.retire(rows_P[passes_PG.mean(dim=1) >= cfg.filter.npr_threshold].numpy())
+    positions = prompt_ids_BP.numel() + int(completions.lengths_B.sum())
+    state.compute.flops += 2 * state.num_matmul_params * positions
+    state.compute.tokens += int(completions.lengths_B.sum())
+    return Rollout(
+        prompt_rows_P=rows_P,
+        prompt_ids_BP=prompt_ids_BP,
+        completions=completions,
+        rewards_PG=rewards_B.view(num_prompts, group_size),
+        passes_PG=passes_PG,
+        policy_version=state.step,
+    )
+
+
+def shaped_rewards(passes_B: torch.Tensor, lengths_B: torch.Tensor, cfg: RecipeConfig) -> torch.Tensor:
+    """The task reward, plus DAPO's overlong penalty under `length.control=penalty`."""
+    if cfg.length.control != "penalty":
+        return passes_B
+    return passes_B + overlong_penalty(lengths_B, cfg.length.penalty_max, cfg.length.penalty_cache)
+
+
+def rollout_metrics(rollout: Rollout) -> dict[str, float]:
+    c = rollout.completions
+    return {
+        "reward_mean": float(rollout.rewards_PG.mean()),
+        "pass_rate": float(rollout.passes_PG.mean()),
+        "mean_length": float(c.lengths_B.float().mean()),
+        "truncation_rate": float((~c.finished_B).float().mean()),
+        "entropy": _entropy_estimate(c),
+    }
+
+
+def _entropy_estimate(c: Completions) -> float:
+    """-E[log pi(y_t)] over sampled tokens: an unbiased estimate of the per-token entropy, for free."""
+    return float(-c.logp_BT[c.mask_BT].mean())
+
+
+# ---------------------------------------------------------------------------------------------
+# The policy update
+
+
+def policy_update(state: RunState, rollout: Rollout) -> dict[str, float]:
+    """Advantages, the zero-variance filter, and one optimizer step when any group is left."""
+    zero_variance_P = zero_variance_groups(rollout.rewards_PG)
+    keep_P = ~zero_variance_P if state.cfg.filter.zero_variance else torch.ones_like(zero_variance_P)
+    metrics = {
+        "zero_variance_fraction": float(zero_variance_P.float().mean()),
+        "num_trained_groups": int(keep_P.sum()),
+        "lr": lr_at(state.step, state.cfg),
+    }
+    if keep_P.any():
+        metrics |= gradient_step(state, rollout, keep_P)
+    return metrics
+
+
+def gradient_step(state: RunState, rollout: Rollout, keep_P: torch.Tensor) -> dict[str, float]:
+    """Loss on the kept groups, backward, clip, AdamW step."""
+    cfg, group_size = state.cfg, state.cfg.batch.generations
+    keep_B = keep_P.repeat_interleave(group_size)
+    adv_B = group_advantages(rollout.rewards_PG[keep_P], cfg.advantage.norm).flatten()
+    c = rollout.completions
+    prompt_ids_BP, tokens_BT = rollout.prompt_ids_BP[keep_B], c.tokens_BT[keep_B]
+    behaviour_logp_BT, mask_BT = c.logp_BT[keep_B], c.mask_BT[keep_B]
+    logp_BT = completion_logprobs(state.model, prompt_ids_BP, tokens_BT)
+    loss = policy_loss(
+        cfg.loss,
+        logp_BT,
+        behaviour_logp_BT,
+        adv_B,
+        mask_BT,
+        group_token_counts(mask_BT, group_size),
+        batch_counts(mask_BT, group_size),
+    )
+    state.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), cfg.optim.max_grad_norm or math.inf)
+    for group in state.optimizer.param_groups:
+        group["lr"] = lr_at(state.step, cfg)
+    state.optimizer.step()
+    state.compute.flops += 6 * state.num_matmul_params * (prompt_ids_BP.numel() + int(mask_BT.sum()))
+    ratio = log_ratio(logp_BT.detach(), behaviour_logp_BT, mask_BT)[mask_BT].exp()
+    return {
+        "loss": loss.item(),
+        "grad_norm": float(grad_norm),
+        "ratio_mean": float(ratio.mean()),
+        "ratio_min": float(ratio.min()),
+        "ratio_max": float(ratio.max()),
+    }
+
+
+def lr_at(step: int, cfg: RecipeConfig) -> float:
+    """The lr of the step that follows `step`: linear warm-up over `optim.warmup_steps`, then constant."""
+    warmup = cfg.optim.warmup_steps
+    return cfg.optim.lr * min(1.0, (step + 1) / warmup) if warmup else cfg.optim.lr
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+
+
+def report_eval(state: RunState, sink: Sink, log: Callable[[str], None]) -> None:
+    result = evaluate(state)
+    compute = state.compute
+    point = {
+        "step": state.step,
+        "pass_rate": result.pop("pass_rate"),
+        "num_samples": result.pop("num_samples"),
+        **asdict(compute),
+        "metrics": result | {f"train_{k}": v for k, v in state.last_metrics.items()},
+    }
+    sink.eval_point(point)
+    log(
+        f"step {state.step:>6}  pass_rate {point['pass_rate']:.3f}  "
+        f"train_reward {state.last_metrics.get('reward_mean', math.nan):.3f}  "
+        f"flops {compute.flops:.3g}  device_s {compute.device_seconds:.1f}"
+    )
+
+
+def evaluate(state: RunState) -> dict[str, Any]:
+    """Held-out mean@k pass rate, with mean length, truncation rate and entropy of the samples."""
+    cfg, task = state.cfg, state.task
+    k = cfg.eval.samples
+    prompt_ids = state.valid_prompt_ids.repeat_interleave(k, dim=0)
+    prompts = [p for p in task.valid_prompts for _ in range(k)]
+    generator = torch.Generator().manual_seed(_seed(_EVAL_STREAM, cfg.seed, state.step))
+    passes, lengths, finished, logps = [], [], [], []
+    for start in range(0, len(prompts), EVAL_CHUNK):
+        out = sample(
+            state.model,
+            prompt_ids[start : start + EVAL_CHUNK],
+            max_new_tokens=state.max_new_tokens,
+            eos_id=state.tokenizer.eos_token_id,
+            pad_id=state.tokenizer.pad_token_id,
+            generator=generator,
+        )
+        texts = decode(state.tokenizer, out)
+        passes += [task.reward(p, t) for p, t in zip(prompts[start : start + EVAL_CHUNK], texts)]
+        lengths.append(out.lengths_B)
+        finished.append(out.finished_B)
+        logps.append(out.logp_BT[out.mask_BT])
+    return {
+        "pass_rate": float(np.mean(passes)),
+        "num_samples": len(passes),
+        "mean_length": float(torch.cat(lengths).float().mean()),
+        "truncation_rate": float((~torch.cat(finished)).float().mean()),
+        "entropy": float(-torch.cat(logps).mean()),
+    }

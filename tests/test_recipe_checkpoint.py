@@ -1,0 +1,71 @@
+"""Checkpoint files: atomic save, newest valid on load, rotation."""
+
+import torch
+
+from recipe import checkpoint
+
+
+def state(step: int) -> dict:
+    return {
+        "format": checkpoint.FORMAT_VERSION,
+        "step": step,
+        "model": {"w": torch.full((3,), float(step))},
+        "optimizer": {},
+        "compute": {"flops": 1.0},
+        "prompts": {},
+        "pending": [],
+        "rng": {"torch": torch.get_rng_state()},
+        "config": {},
+    }
+
+
+def test_save_writes_the_named_file_and_leaves_no_temporary(tmp_path):
+    path = checkpoint.save(tmp_path, 12, state(12))
+    assert path == tmp_path / "checkpoints" / "step_00000012.pt"
+    assert [p.name for p in path.parent.iterdir()] == ["step_00000012.pt"]
+    loaded = torch.load(path, weights_only=True)
+    assert torch.equal(loaded["model"]["w"], torch.full((3,), 12.0))
+
+
+def test_load_newest_valid_takes_the_newest(tmp_path):
+    for step in (5, 10, 15):
+        checkpoint.save(tmp_path, step, state(step))
+    loaded = checkpoint.load_newest_valid(tmp_path, log=print, on_discarded=lambda s: None)
+    assert loaded["step"] == 15
+
+
+def test_a_truncated_newest_checkpoint_falls_back_to_the_previous(tmp_path):
+    checkpoint.save(tmp_path, 5, state(5))
+    newest = checkpoint.save(tmp_path, 10, state(10))
+    newest.write_bytes(newest.read_bytes()[:200])
+    logs, discarded = [], []
+    loaded = checkpoint.load_newest_valid(tmp_path, log=logs.append, on_discarded=discarded.append)
+    assert loaded["step"] == 5
+    assert discarded == [10]
+    assert len(logs) == 1 and "step_00000010.pt" in logs[0]
+    assert not newest.exists() and newest.with_name("step_00000010.pt.corrupt").exists()
+    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [5]
+
+
+def test_an_incomplete_or_misnamed_checkpoint_is_not_valid(tmp_path):
+    checkpoint.save(tmp_path, 1, state(1))
+    incomplete = state(2)
+    del incomplete["rng"]
+    checkpoint.save(tmp_path, 2, incomplete)
+    checkpoint.save(tmp_path, 3, state(7))  # holds another step than its name
+    logs = []
+    loaded = checkpoint.load_newest_valid(tmp_path, log=logs.append, on_discarded=lambda s: None)
+    assert loaded["step"] == 1
+    assert "step 7" in logs[0] and "missing keys ['rng']" in logs[1]
+
+
+def test_no_checkpoint_means_none(tmp_path):
+    assert checkpoint.load_newest_valid(tmp_path, log=print, on_discarded=lambda s: None) is None
+
+
+def test_prune_keeps_the_newest(tmp_path):
+    for step in (1, 2, 3, 4):
+        checkpoint.save(tmp_path, step, state(step))
+    assert checkpoint.prune(tmp_path, keep=2) == [1, 2]
+    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [3, 4]
+    assert checkpoint.prune(tmp_path, keep=2) == []
