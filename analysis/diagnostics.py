@@ -1,0 +1,59 @@
+"""Model-free checks on a pass-rate series: its noise level and whether it is collapsing.
+
+These do not use the fitted curve on purpose: a run that rises then falls is fitted badly by a
+monotone sigmoid, so residual-based noise would be inflated exactly when we need it to be small.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+_MAD_TO_SD = 1.4826  # sd = 1.4826 * MAD for Gaussian noise
+
+
+def noise_sd(pass_rate: ArrayLike) -> float:
+    """Robust sd of the measurement noise of a series ordered by compute.
+
+    From first differences: a smooth trend nearly cancels in y[i+1] - y[i], white noise of sd s
+    gives differences of sd s*sqrt(2); the median absolute deviation ignores the occasional jump.
+    Returns 0.0 for fewer than 3 points.
+    """
+    y = np.asarray(pass_rate, dtype=float)
+    if y.size < 3:
+        return 0.0
+    d = np.diff(y)
+    mad = float(np.median(np.abs(d - np.median(d))))
+    return _MAD_TO_SD * mad / math.sqrt(2.0)
+
+
+def collapse_drop(pass_rate: ArrayLike, *, tail_frac: float = 0.2) -> float:
+    """How far the end of the run lies below its best stretch: peak - tail.
+
+    With m = max(2, ceil(tail_frac * n)): smoothed = moving averages over m consecutive points;
+    peak = their maximum (a running maximum that single noisy points cannot inflate much);
+    tail = the mean of the last m points. Positive when the run ends below its best.
+    """
+    y = np.asarray(pass_rate, dtype=float)
+    if not 0 < tail_frac < 1:
+        raise ValueError(f"tail_frac must lie in (0, 1), got {tail_frac!r}")
+    m = max(2, math.ceil(tail_frac * y.size))
+    if y.size < m:
+        return 0.0
+    smoothed = np.convolve(y, np.full(m, 1.0 / m), mode="valid")
+    return float(smoothed.max() - smoothed[-1])
+
+
+def is_collapsing(pass_rate: ArrayLike, *, tail_frac: float = 0.2, k: float = 3.0, min_drop: float = 0.01) -> bool:
+    """Whether a series ordered by compute collapses: collapse_drop > max(k * noise_sd, min_drop).
+
+    k * noise_sd makes the test scale with the eval noise (mean@16 over 1k prompts: sd ~0.004);
+    `min_drop` keeps near-noiseless series from flagging tiny wiggles. Series of fewer than 5 points
+    are never called collapsing: there is no tail to speak of.
+    """
+    y = np.asarray(pass_rate, dtype=float)
+    if y.size < 5:
+        return False
+    return collapse_drop(y, tail_frac=tail_frac) > max(k * noise_sd(y), min_drop)
