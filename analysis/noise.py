@@ -133,6 +133,10 @@ def fit_noise(resid: NDArray[np.float64], jac: NDArray[np.float64], slices: Sequ
         cross = cross + np.einsum("ngp,ng->gp", jt, rt)
         rr = rr + np.einsum("ng,ng->g", rt, rt)
         logdet = logdet + filt.logdet
+    # A flat or saturated run can leave the Jacobian rank-deficient (a parameter the data do not
+    # constrain); a ridge far below the data's scale keeps the solve and log-determinant finite.
+    scale = np.maximum(np.trace(gram, axis1=1, axis2=2) / p, 1e-300)
+    gram = gram + np.eye(p) * (1e-10 * scale)[:, None, None]
     quad = rr - np.einsum("gp,gp->g", cross, np.linalg.solve(gram, cross[..., None])[..., 0])
     dof = n - p
     var = np.maximum(quad, 1e-300) / dof

@@ -20,6 +20,7 @@ from store import Store, StoreError
 
 F = TypeVar("F", bound=Callable[..., Any])
 COMPUTE_AXES = ("flops", "gpu_hours", "tokens", "device_seconds", "step")
+REPORT_FORMATS = ("table", "json")
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -215,21 +216,69 @@ def logs_cmd(ctx: click.Context, run: str, which: str, follow: bool) -> None:
 
 @cli.command("report")
 @click.argument("sweep", required=False)
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
+@click.option("--format", "fmt", type=click.Choice(REPORT_FORMATS), default="table", show_default=True)
 @click.option(
     "--compute",
     type=click.Choice(COMPUTE_AXES),
     default=None,
-    help="Compute axis of the fits [default: gpu_hours on GPUs, else flops].",
+    help="Compute axis [default: gpu_hours on GPUs, else flops].",
 )
+@click.option(
+    "--method",
+    type=click.Choice(["fast", "reference"]),
+    default="fast",
+    show_default=True,
+    help="reference: the paper's grid search.",
+)
+@click.option(
+    "--r0",
+    type=click.Choice(["first", "fit"]),
+    default="first",
+    show_default=True,
+    help="R0 from the first evaluation, or fitted.",
+)
+@click.option("--cutoff", type=float, default=0.0, show_default=True, help="Fit only points with compute >= this.")
+@click.option(
+    "--bootstrap",
+    "n_boot",
+    type=click.IntRange(min=0),
+    default=200,
+    show_default=True,
+    help="Bootstrap samples for intervals (0: none).",
+)
+@click.option("--level", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True, help="Interval level.")
+@click.option("--include-flagged", is_flag=True, help="Rank flagged fits too.")
+@click.option("--fit-until", type=float, default=None, help="Extrapolate: fit compute up to this ...")
+@click.option("--predict", "predict_at", type=float, default=None, help="... and predict the pass rate here.")
 @click.pass_context
 @_errors
-def report_cmd(ctx: click.Context, sweep: str | None, fmt: str, compute: str | None) -> None:
-    """Fit the sigmoid to every run's curve and rank the runs by A, then B."""
-    from launcher.report import build_report, render_json, render_table
+def report_cmd(
+    ctx: click.Context,
+    sweep: str | None,
+    fmt: str,
+    compute: str | None,
+    method: str,
+    r0: str,
+    cutoff: float,
+    n_boot: int,
+    level: float,
+    include_flagged: bool,
+    fit_until: float | None,
+    predict_at: float | None,
+) -> None:
+    """Fit the sigmoid to every configuration's curve; rank by A, then B; compare; judge each axis."""
+    from launcher.report import ReportOptions, build_report
+    from launcher.report_render import render_json, render_table
 
+    try:
+        options = ReportOptions(
+            compute=compute, method=method, r0=r0, cutoff=cutoff, n_boot=n_boot, level=level,
+            include_flagged=include_flagged, fit_until=fit_until, predict_at=predict_at,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     store = _store(ctx)
-    report = build_report(store, _sweep_name(store, sweep), compute=compute)
+    report = build_report(store, _sweep_name(store, sweep), options)
     if fmt == "json":
         click.echo(render_json(report))
     else:

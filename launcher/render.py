@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +13,7 @@ from rich.table import Table
 from launcher.grid import RunPlan
 from launcher.status import StatusRow
 
+PIPE_WIDTH = 160
 STATE_STYLE = {
     "completed": "green",
     "running": "cyan",
@@ -95,4 +98,7 @@ def _axis_keys(axes: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False)
+    """A terminal gets its own width; a pipe or file gets a wide one, so tables stay readable."""
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() or os.environ.get("COLUMNS") else PIPE_WIDTH
+    return Console(stderr=stderr, highlight=False, width=width)

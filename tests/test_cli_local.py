@@ -31,6 +31,8 @@ budget: {steps: 30}
 
 def sweep(db: str, *args: str) -> tuple[int, str]:
     result = CliRunner().invoke(cli, ["--db", db, *args], terminal_width=200)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
     return result.exit_code, result.output
 
 
@@ -87,7 +89,8 @@ def test_sweep_runs_to_completion_and_relaunch_is_a_no_op(sweep_file, sqlite_url
     code, out = sweep(sqlite_url, "report", "--format", "json")
     assert code == 0, out
     report = json.loads(out)
-    assert {r["run"] for r in report["runs"]} == {r["run"] for r in status["runs"]}
+    assert sorted(rid for r in report["runs"] for rid in r["run_ids"]) == sorted(r["run"] for r in status["runs"])
+    assert all(r["n_points"] == 8 for r in report["runs"])  # evals at steps 0, 1, 2, 4, 8, 10, 20, 30
 
 
 @pytest.mark.slow

@@ -161,3 +161,16 @@ def test_seeds_scheme_resamples_whole_seeds() -> None:
     assert boot.samples[:, 0].max() - boot.samples[:, 0].min() > 0.02
     with pytest.raises(ValueError, match="seeds"):
         bootstrap(*seeds[0], options=OPTIONS, scheme="seeds")
+
+
+def test_bootstrap_of_a_run_that_never_learns_does_not_raise() -> None:
+    """A short run stuck at zero (a real tiny sweep produced this) leaves the Jacobian
+    rank-deficient; the bootstrap must still answer."""
+    from analysis import bootstrap, fit_curve
+
+    compute = [0.0, 3e7, 6e7, 1.2e8, 2.4e8, 3e8, 6e8, 9e8]
+    pass_rate = [0.0, 0.0, 0.0, 0.0, 0.0, 0.015625, 0.0, 0.0]
+    fit = fit_curve(compute, pass_rate)
+    result = bootstrap(compute, pass_rate, n_boot=50, fit=fit)
+    assert result.fit is fit
+    assert result.n_boot == 50

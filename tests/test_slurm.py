@@ -40,6 +40,8 @@ def tiny(name: str, steps: int, extra: str = "") -> str:
 
 def sweep(db: str, *args: str) -> tuple[int, str]:
     result = CliRunner().invoke(cli, ["--db", db, *args], terminal_width=200)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
     return result.exit_code, result.output
 
 

@@ -1,0 +1,265 @@
+"""`sweep report`: fit every configuration's curve, rank, compare, extrapolate, judge each axis.
+
+This module computes; `launcher.report_render` turns a Report into a table, Markdown, CSV, JSON,
+HTML and plots. A configuration is a run's axis values without its seed: the seeds of one
+configuration are fitted jointly (one A, B, Cmid) and bootstrapped together.
+
+Ranking (the paper's question, "which choice raises the ceiling"): by A, then B, among the
+configurations whose fit carries no flag (`--include-flagged` ranks those too). Adjacent ranked
+configurations are compared with the paper's rule: A's within the margin (or with overlapping
+intervals) are refitted with a shared A and compared on B.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from analysis import (
+    PAPER_MARGIN,
+    AxisEffect,
+    BootstrapResult,
+    Comparison,
+    Extrapolation,
+    FitOptions,
+    FitResult,
+    axis_effect,
+    bootstrap,
+    bootstrap_pooled,
+    compare,
+    extrapolate,
+    fit_pooled,
+)
+from store import EvalRecord, Store
+
+SCHEMA_VERSION = 1
+COMPUTE_AXES = ("gpu_hours", "flops", "tokens", "device_seconds", "step")
+MAX_COMPARISONS = 20
+PARALLEL_ABOVE = 8  # configurations; below this a process pool costs more than it saves
+
+
+@dataclass(frozen=True)
+class Curve:
+    run: str
+    seed: int | None
+    state: str
+    compute: tuple[float, ...]
+    pass_rate: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    compute: str | None = None  # None: gpu_hours where every run has them, else flops
+    method: str = "fast"
+    r0: str = "first"
+    cutoff: float = 0.0
+    n_boot: int = 200
+    level: float = 0.95
+    margin: float = PAPER_MARGIN
+    include_flagged: bool = False
+    fit_until: float | None = None
+    predict_at: float | None = None
+    workers: int | None = None  # None: the number of cores
+
+    def __post_init__(self) -> None:
+        if self.compute is not None and self.compute not in COMPUTE_AXES:
+            raise ValueError(f"compute must be one of {', '.join(COMPUTE_AXES)}, got {self.compute!r}")
+        if (self.fit_until is None) != (self.predict_at is None):
+            raise ValueError("give --fit-until and --predict together")
+        if self.fit_until is not None and self.predict_at is not None and self.predict_at <= self.fit_until:
+            raise ValueError(f"--predict ({self.predict_at}) must lie beyond --fit-until ({self.fit_until})")
+        if self.n_boot < 0:
+            raise ValueError(f"n_boot must be >= 0, got {self.n_boot}")
+
+    def fit_options(self) -> FitOptions:
+        return FitOptions(method=self.method, r0=self.r0, cutoff=self.cutoff)
+
+
+@dataclass(frozen=True)
+class ConfigResult:
+    label: str
+    axes: dict[str, Any]
+    curves: tuple[Curve, ...]
+    fit: FitResult
+    boot: BootstrapResult | None = None
+    extrapolation: Extrapolation | None = None
+    rank: int | None = None
+
+    @property
+    def runs(self) -> list[str]:
+        return [c.run for c in self.curves]
+
+    @property
+    def seeds(self) -> list[int | None]:
+        return [c.seed for c in self.curves]
+
+    def curve_data(self) -> list[tuple[tuple[float, ...], tuple[float, ...]]]:
+        return [(c.compute, c.pass_rate) for c in self.curves]
+
+
+@dataclass(frozen=True)
+class Report:
+    sweep: str
+    options: ReportOptions
+    compute: str
+    configs: tuple[ConfigResult, ...]
+    comparisons: tuple[Comparison, ...] = ()
+    effects: tuple[AxisEffect, ...] = ()
+    generated_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def ranked(self) -> list[ConfigResult]:
+        return [c for c in self.configs if c.rank is not None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Building
+
+
+def build_report(store: Store, sweep: str, options: ReportOptions = ReportOptions()) -> Report:
+    """Read the sweep's curves from the store and analyse them."""
+    runs = store.runs(sweep)
+    points = store.sweep_eval_points(sweep)
+    compute = options.compute or _default_axis(points)
+    groups: dict[str, list[Curve]] = {}
+    axes_of: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        axes = {k: v for k, v in run.axes.items() if k != "seed"}
+        label = config_label(axes) or run.id
+        pts = [p for p in points.get(run.id, []) if _value(p, compute) is not None]
+        curve = Curve(
+            run.id,
+            run.axes.get("seed"),
+            run.state,
+            tuple(_value(p, compute) for p in pts),
+            tuple(p.pass_rate for p in pts),
+        )
+        groups.setdefault(label, []).append(curve)
+        axes_of[label] = axes
+    configs = analyse(
+        [(label, axes_of[label], tuple(curves)) for label, curves in groups.items() if any(c.compute for c in curves)],
+        options,
+    )
+    return finish_report(sweep, options, compute, configs)
+
+
+def analyse(
+    groups: Sequence[tuple[str, dict[str, Any], tuple[Curve, ...]]], options: ReportOptions
+) -> list[ConfigResult]:
+    """Fit (and bootstrap, and extrapolate) every configuration, in parallel when there are many."""
+    workers = options.workers or len(os.sched_getaffinity(0))
+    if len(groups) >= PARALLEL_ABOVE and workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            return list(
+                pool.map(_analyse_one, groups, [options] * len(groups), chunksize=max(1, len(groups) // (4 * workers)))
+            )
+    return [_analyse_one(g, options) for g in groups]
+
+
+def finish_report(sweep: str, options: ReportOptions, compute: str, configs: list[ConfigResult]) -> Report:
+    ranked = rank(configs, include_flagged=options.include_flagged)
+    return Report(
+        sweep=sweep,
+        options=options,
+        compute=compute,
+        configs=tuple(ranked),
+        comparisons=tuple(_comparisons(ranked, options)),
+        effects=tuple(_effects(ranked, options)),
+    )
+
+
+def _analyse_one(group: tuple[str, dict[str, Any], tuple[Curve, ...]], options: ReportOptions) -> ConfigResult:
+    label, axes, curves = group
+    fit_options = options.fit_options()
+    data = [(c.compute, c.pass_rate) for c in curves if c.compute]
+    fit = fit_pooled(data, options=fit_options)
+    boot = None
+    if options.n_boot and fit.ok:
+        kwargs = {"n_boot": options.n_boot, "level": options.level, "options": fit_options, "fit": fit}
+        boot = bootstrap_pooled(data, **kwargs) if len(data) > 1 else bootstrap(*data[0], **kwargs)
+    extrap = None
+    if options.fit_until is not None and options.predict_at is not None:
+        compute_all, pass_all = _concatenate(data)
+        extrap = extrapolate(
+            compute_all, pass_all, fit_until=options.fit_until, predict_at=options.predict_at,
+            n_boot=max(options.n_boot, 50), level=options.level, options=fit_options,
+        )  # fmt: skip
+    return ConfigResult(label=label, axes=axes, curves=curves, fit=fit, boot=boot, extrapolation=extrap)
+
+
+def rank(configs: Sequence[ConfigResult], *, include_flagged: bool = False) -> list[ConfigResult]:
+    """Ranked configurations first (by A, then B, higher first), then the unranked ones."""
+    eligible = [c for c in configs if c.fit.ok and (include_flagged or not c.fit.flags)]
+    ranked = sorted(eligible, key=lambda c: (-c.fit.A, -c.fit.B))
+    rest = [replace(c, rank=None) for c in configs if c not in eligible]
+    return [replace(c, rank=i + 1) for i, c in enumerate(ranked)] + rest
+
+
+def _comparisons(configs: Sequence[ConfigResult], options: ReportOptions) -> list[Comparison]:
+    ranked = [c for c in configs if c.rank is not None][: MAX_COMPARISONS + 1]
+    out = []
+    for a, b in zip(ranked, ranked[1:]):
+        out.append(
+            compare(
+                a.curve_data(),
+                b.curve_data(),
+                margin=options.margin,
+                labels=(a.label, b.label),
+                n_boot=max(options.n_boot, 50),
+                level=options.level,
+                options=options.fit_options(),
+            )  # fmt: skip
+        )
+    return out
+
+
+def _effects(configs: Sequence[ConfigResult], options: ReportOptions) -> list[AxisEffect]:
+    """For each axis: does it move the asymptote or only the efficiency?"""
+    usable = [c for c in configs if c.fit.ok]
+    keys: list[str] = []
+    for c in usable:
+        keys += [k for k in c.axes if k not in keys]
+    effects = []
+    for key in keys:
+        groups: dict[str, list[Any]] = {}
+        for c in usable:
+            groups.setdefault(_fmt(c.axes.get(key)), []).append(c.boot or c.fit)
+        if len(groups) < 2:
+            continue
+        reference = "base" if key == "ablate" and "base" in groups else None
+        effects.append(axis_effect(groups, axis=key, reference=reference, margin=options.margin, level=options.level))
+    return effects
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def config_label(axes: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={_fmt(v)}" for k, v in axes.items())
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _default_axis(points: dict[str, list[EvalRecord]]) -> str:
+    every = [p for pts in points.values() for p in pts]
+    return "gpu_hours" if every and all(p.gpu_hours > 0 for p in every if p.step > 0) else "flops"
+
+
+def _value(point: EvalRecord, compute: str) -> float | None:
+    value = float(point.step) if compute == "step" else getattr(point, compute)
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+def _concatenate(data: list[tuple[tuple[float, ...], tuple[float, ...]]]) -> tuple[list[float], list[float]]:
+    pairs = sorted((c, r) for compute, rates in data for c, r in zip(compute, rates))
+    return [c for c, _ in pairs], [r for _, r in pairs]

@@ -1,0 +1,100 @@
+"""`sweep report` over curves written into a real store: ranking, seeds pooled, flags kept out of
+the ranking, extrapolation, the documented JSON schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from analysis.synthetic import PAPER_TABLE1, noisy_curve
+from launcher.cli import cli
+from store import NewRun, Store
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "launcher" / "report.schema.json").read_text())
+COMPUTE = np.linspace(0, 16000, 81)  # GPU-hours, an eval every 200
+
+
+def _add_run(store: Store, run_id: str, axes: dict, pass_rate: np.ndarray, compute: np.ndarray = COMPUTE) -> None:
+    store.register_runs("paper", [NewRun(run_id, 0, {}, axes, {"gpu_hours": float(compute[-1])}, "/nowhere")])
+    points = [
+        dict(step=i, pass_rate=float(r), flops=0.0, tokens=0, device_seconds=0.0, gpu_hours=float(c), num_samples=16000)
+        for i, (c, r) in enumerate(zip(compute, pass_rate))
+    ]
+    store.add_eval_points(run_id, points)
+    store.set_run_state(run_id, "completed")
+
+
+@pytest.fixture
+def paper_store(db_url) -> str:
+    """Three configurations with Table 1's parameters, two seeds each, plus one collapsing run."""
+    store = Store(db_url)
+    store.upsert_sweep("paper", {}, "/nowhere", "local")
+    rng = np.random.default_rng(7)
+    for name in ("scalerl", "bs2048", "scout"):
+        A, B, Cmid = PAPER_TABLE1[name]
+        for seed in (0, 1):
+            _add_run(
+                store, f"{name}-{seed}", {"variant": name, "seed": seed}, noisy_curve(COMPUTE, A, B, Cmid, 0.3, rng=rng)
+            )
+    collapse = noisy_curve(COMPUTE, 0.75, 1.8, 3000, 0.3, rng=rng)
+    collapse[-20:] -= np.linspace(0.02, 0.25, 20)
+    _add_run(store, "collapse-0", {"variant": "collapse", "seed": 0}, collapse)
+    return db_url
+
+
+def _report(db: str, *args: str) -> dict:
+    result = CliRunner().invoke(cli, ["--db", db, "report", "paper", "--format", "json", *args])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    jsonschema.validate(report, SCHEMA, format_checker=jsonschema.FormatChecker())
+    return report
+
+
+def test_report_ranks_by_asymptote_pools_seeds_and_keeps_flagged_runs_out(paper_store):
+    report = _report(paper_store, "--bootstrap", "100")
+    assert report["compute_axis"] == "gpu_hours"
+    by_variant = {r["axes"]["variant"]: r for r in report["runs"]}
+    assert [r["axes"]["variant"] for r in report["runs"] if r["rank"]] == ["scout", "bs2048", "scalerl"]
+    assert by_variant["scout"]["run_ids"] == ["scout-0", "scout-1"] and by_variant["scout"]["seeds"] == [0, 1]
+    for name in ("scalerl", "bs2048", "scout"):
+        fit = by_variant[name]
+        assert fit["A"] == pytest.approx(PAPER_TABLE1[name][0], abs=0.02)
+        lo, hi = fit["intervals"]["A"]
+        assert lo <= fit["A"] <= hi
+        assert fit["r2"] > 0.98 and fit["flags"] == []
+    assert "collapsing" in by_variant["collapse"]["flags"] and by_variant["collapse"]["rank"] is None
+    (effect,) = report["effects"]
+    assert effect["axis"] == "variant" and effect["verdict"] == "asymptote"
+    assert len(report["comparisons"]) == 2
+
+
+def test_include_flagged_ranks_everything(paper_store):
+    report = _report(paper_store, "--bootstrap", "0", "--include-flagged")
+    assert sorted(r["rank"] for r in report["runs"]) == [1, 2, 3, 4]
+    assert report["intervals"] is None and all(r["intervals"] is None for r in report["runs"])
+
+
+def test_extrapolation_from_half_the_compute_shows_the_error(paper_store):
+    report = _report(paper_store, "--bootstrap", "50", "--fit-until", "8000", "--predict", "16000")
+    for run in report["runs"]:
+        e = run["extrapolation"]
+        assert e["fit_until"] == 8000 and e["predict_at"] == 16000
+        assert e["observed"] is not None and e["error"] == pytest.approx(e["predicted"] - e["observed"])
+    scalerl = next(r for r in report["runs"] if r["axes"]["variant"] == "scalerl")
+    assert abs(scalerl["extrapolation"]["error"]) < 0.02
+
+
+def test_report_table_renders(paper_store):
+    result = CliRunner().invoke(cli, ["--db", paper_store, "report", "paper", "--bootstrap", "0"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "scout" in result.output and "collapsing" in result.output and "Effects of each axis" in result.output
+
+
+def test_bad_extrapolation_options_are_usage_errors(paper_store):
+    result = CliRunner().invoke(cli, ["--db", paper_store, "report", "paper", "--fit-until", "8000"])
+    assert result.exit_code == 2 and "--fit-until and --predict together" in result.output
