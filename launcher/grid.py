@@ -12,6 +12,7 @@ remaining run once per seed; runs whose resolved configs are identical are one r
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Sequence
@@ -93,7 +94,7 @@ class RunPlan:
 
     @property
     def budget(self) -> dict[str, Any]:
-        return self.config.to_dict()["budget"]
+        return dataclasses.asdict(self.config.budget)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -43,14 +43,10 @@ def default_parallelism() -> int:
 # Submission side (the CLI process)
 
 
-def submit(store: Store, runs: Sequence[RunRecord], *, max_parallel: int | None = None) -> list[AttemptRecord]:
+def submit(store: Store, runs: Sequence[RunRecord], *, max_parallel: int | None = None) -> None:
     """Queue the runs and make sure a scheduler will start them."""
-    attempts = []
-    for run in runs:
-        attempts.append(store.add_attempt(run.id, EXECUTOR, state="queued"))
-        store.set_run_state(run.id, "queued")
+    store.record_submissions(EXECUTOR, [{"run_id": run.id} for run in runs], "queued")
     ensure_scheduler(store, max_parallel=max_parallel)
-    return attempts
 
 
 def ensure_scheduler(store: Store, *, max_parallel: int | None = None) -> bool:

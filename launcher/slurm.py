@@ -131,12 +131,14 @@ def _executor(folder: Path, params: dict[str, Any], job_name: str) -> Any:
 
 
 def dry_run_script(spec: SweepSpec, plans: Sequence[RunPlan]) -> str:
-    """The sbatch script `sweep launch` would submit for the first array of this sweep."""
+    """The sbatch script `sweep launch` would submit for this sweep's runs (as one array; the
+    launch splits it where the cluster's MaxArraySize is smaller)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
     folder = _log_folder(Path(os.environ.get("SWEEP_ROOT", "runs")).resolve() / spec.name)
     executor_params = executor_parameters(spec.resources, spec.name)
-    executor_params["map_count"] = max(1, len(plans))
+    if len(plans) > 1:  # one run goes out as a plain job, several as an array
+        executor_params["map_count"] = len(plans)
     command = f"{_python()} -u -m submitit.core._submit {folder}"
     return _make_sbatch_string(command=command, folder=folder, **executor_params)
 
@@ -168,10 +170,9 @@ def submit(store: Store, runs: Sequence[RunRecord]) -> list[str]:
     if limits.max_submit_jobs is not None:
         room = max(0, min(room, limits.max_submit_jobs - _submitted_job_count()))
     now, later = list(runs[:room]), list(runs[room:])
-    for run in later:
-        store.set_run_state(
-            run.id, "registered", f"waiting: MaxSubmitJobs={limits.max_submit_jobs} reached", only_from=["submitting"]
-        )
+    if later:
+        reason = f"waiting: MaxSubmitJobs={limits.max_submit_jobs} reached"
+        store.set_runs_state([r.id for r in later], "registered", only_from=["submitting"], reason=reason)
 
     params = sweep.spec["resources"]
     folder = _log_folder(Path(sweep.root_dir))
@@ -182,20 +183,20 @@ def submit(store: Store, runs: Sequence[RunRecord]) -> list[str]:
         executor = _executor(folder, params, sweep.name)
         with executor.batch():
             jobs = [executor.submit(run_recipe, run.run_dir) for run in chunk]
-        for _index, (run, job) in enumerate(zip(chunk, jobs, strict=False)):
-            array_job_id, _, task = str(job.job_id).partition("_")
-            store.add_attempt(
-                run.id,
-                EXECUTOR,
-                state="pending",
-                job_id=str(job.job_id),
-                array_job_id=array_job_id if task else None,
-                array_index=int(task) if task else None,
-                stdout_path=str(job.paths.stdout),
-                stderr_path=str(job.paths.stderr),
-            )
-            store.set_run_state(run.id, "pending", only_from=["submitting"])
+        store.record_submissions(EXECUTOR, [_submission(run, job) for run, job in zip(chunk, jobs)], "pending")
     return [r.id for r in now]
+
+
+def _submission(run: RunRecord, job: Any) -> dict[str, Any]:
+    array_job_id, _, task = str(job.job_id).partition("_")
+    return {
+        "run_id": run.id,
+        "job_id": str(job.job_id),
+        "array_job_id": array_job_id if task else None,
+        "array_index": int(task) if task else None,
+        "stdout_path": str(job.paths.stdout),
+        "stderr_path": str(job.paths.stderr),
+    }
 
 
 def submit_waiting(store: Store, sweep: str) -> list[str]:
@@ -275,16 +276,24 @@ def _parse_sacct(text: str) -> dict[str, JobInfo]:
         if len(parts) < 7:
             continue
         job_id, state, exit_code, node, start, end, reason = parts[:7]
-        out[job_id] = JobInfo(
-            job_id,
-            state.split()[0],
-            exit_code,
-            _none(node, "None assigned"),
-            _time(start),
-            _time(end),
-            _none(reason, "None"),
-        )
+        for one in _array_tasks(job_id):
+            out[one] = JobInfo(
+                one, state.split()[0], exit_code, _none(node, "None assigned"), _time(start), _time(end), _none(reason, "None")
+            )
     return out
+
+
+def _array_tasks(job_id: str) -> list[str]:
+    """sacct shows the not-yet-started tasks of an array as one row, "12_[2-4,7%8]": expand it."""
+    match = re.fullmatch(r"(\d+)_\[([0-9,\-]+)(?:%\d+)?\]", job_id)
+    if match is None:
+        return [job_id]
+    base, spec = match.groups()
+    tasks = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        tasks += [f"{base}_{i}" for i in range(int(lo), int(hi or lo) + 1)]
+    return tasks
 
 
 def _parse_squeue(text: str) -> dict[str, JobInfo]:
@@ -310,54 +319,47 @@ def _time(value: str) -> datetime | None:
 
 
 def reconcile(store: Store, sweep: str) -> str:
-    """Refresh the sweep's Slurm runs from one sacct (or squeue) query; return the command used."""
-    attempts = [a for a in store.latest_attempts(sweep).values() if a.executor == EXECUTOR and a.job_id]
+    """Refresh the sweep's Slurm runs from one sacct (or squeue) query; return the command used.
+    Whatever changed is written in one transaction per kind of change."""
     runs = {r.id: r for r in store.runs(sweep)}
-    active = [a for a in attempts if runs[a.run_id].state in ACTIVE_STATES]
-    if active:
-        infos, command = query_jobs([a.job_id for a in active if a.job_id])
-    else:
-        infos, command = {}, ""
+    active = [
+        a
+        for a in store.latest_attempts(sweep).values()
+        if a.executor == EXECUTOR and a.job_id and runs[a.run_id].state in ACTIVE_STATES
+    ]
+    infos, command = query_jobs([a.job_id for a in active if a.job_id]) if active else ({}, "")
+    moves: dict[str, list[str]] = {}
+    outcomes: list[tuple[int, str, str | None, dict[str, Any]]] = []
     for attempt in active:
         info = infos.get(attempt.job_id or "")
         run = runs[attempt.run_id]
         if info is None:
-            if command == "squeue":
-                _vanished(store, run, attempt)
+            if command == "squeue":  # left the queue, and no accounting to say how
+                reason = (
+                    f"Slurm job {attempt.job_id} left the queue without reporting an end (accounting is off, so "
+                    f"the cause is unknown) (log: {attempt.stderr_path})"
+                )
+                outcomes.append((attempt.id, "failed", reason, {}))
             continue
-        _apply(store, run, attempt, info)
+        state = STATE_MAP.get(info.state, "failed")
+        if state in ("pending", "running", "preempted"):
+            if run.state != state:
+                moves.setdefault(state, []).append(run.id)
+        elif run.state != "completed":  # the recipe records its own completion; the rest is Slurm's word
+            outcomes.append((attempt.id, *_ended(info, attempt.stderr_path, state), {"ended_at": info.end, "node": info.node}))
+    for state, run_ids in moves.items():
+        store.set_runs_state(run_ids, state, only_from=ACTIVE_STATES)
+    if outcomes:
+        store.settle_attempts(outcomes)
     submit_waiting(store, sweep)
     return command
 
 
-def _apply(store: Store, run: RunRecord, attempt: Any, info: JobInfo) -> None:
-    state = STATE_MAP.get(info.state, "failed")
-    fields: dict[str, Any] = {}
-    if info.node and attempt.node != info.node:
-        fields["node"] = info.node
-    if state in ("pending", "running", "preempted"):
-        if run.state != state and not (run.state == "running" and state == "pending"):
-            store.set_run_state(
-                run.id, state, _describe(info) if state == "preempted" else None, only_from=ACTIVE_STATES
-            )
-        if fields:
-            store.update_attempt(attempt.id, **fields)
-        return
-    # The job has ended. The recipe records its own completion; anything else is Slurm's word.
-    if run.state == "completed":
-        return
-    if state == "completed":
-        state = "failed"  # the job exited cleanly without finishing the run
-        reason = f"Slurm job {info.job_id} ended without completing the run"
-    else:
-        reason = f"Slurm job {info.job_id}: {_describe(info)}"
-    reason += f" (log: {attempt.stderr_path})"
-    store.settle_attempt(attempt.id, state, reason, ended_at=info.end, **fields)
-
-
-def _vanished(store: Store, run: RunRecord, attempt: Any) -> None:
-    reason = f"Slurm job {attempt.job_id} left the queue without reporting an end (accounting is off, so the cause is unknown) (log: {attempt.stderr_path})"
-    store.settle_attempt(attempt.id, "failed", reason)
+def _ended(info: JobInfo, log_path: str | None, state: str) -> tuple[str, str]:
+    """(run state, reason) of a job that has ended without the run completing."""
+    if state == "completed":  # the job exited cleanly without finishing the run
+        return "failed", f"Slurm job {info.job_id} ended without completing the run (log: {log_path})"
+    return state, f"Slurm job {info.job_id}: {_describe(info)} (log: {log_path})"
 
 
 def _describe(info: JobInfo) -> str:

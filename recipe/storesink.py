@@ -1,6 +1,9 @@
 """A Sink that writes to the store and survives the database going away.
 
-Every report is applied to the store at once when it answers. When it does not, the report goes
+Every report is applied to the store at once when it answers, except per-step training metrics,
+which are sent in batches every `metrics_every_s` seconds (and before any other report, so the
+store sees them in order): one transaction per step would make the database the bottleneck of a
+fast run. When it does not, the report goes
 to RUN_DIR/spool.jsonl and training carries on; the spool is replayed, in order, at the next
 report after a back-off, at the end of the run, or by the next attempt. Every operation is
 idempotent (upserts keyed by run and step, deletes by step), so a replay that is cut off half
@@ -34,6 +37,7 @@ class StoreSink:
         attempt_id: int | None = None,
         backoff_s: float = 5.0,
         max_backoff_s: float = 60.0,
+        metrics_every_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.store, self.run_id, self.attempt_id = store, run_id, attempt_id
@@ -41,6 +45,9 @@ class StoreSink:
         self._backoff_s, self._min_backoff_s, self._max_backoff_s = backoff_s, backoff_s, max_backoff_s
         self._clock = clock
         self._next_try = 0.0
+        self._metrics: list[tuple[int, dict[str, Any]]] = []
+        self._metrics_every_s = metrics_every_s
+        self._metrics_sent = clock()
 
     # -- the Sink protocol -----------------------------------------------------------------
 
@@ -51,7 +58,9 @@ class StoreSink:
         self._report("eval_point", point=point)
 
     def train_metrics(self, step: int, metrics: dict[str, Any]) -> None:
-        self._report("train_metrics", step=step, metrics=metrics)
+        self._metrics.append((step, metrics))
+        if self._clock() - self._metrics_sent >= self._metrics_every_s:
+            self._send_metrics()
 
     def checkpoint_saved(self, step: int, path: str) -> None:
         self._report("checkpoint_saved", step=step, path=path)
@@ -69,7 +78,9 @@ class StoreSink:
         return sum(1 for line in self.spool.read_text().splitlines() if line.strip())
 
     def flush(self, *, timeout_s: float = 0.0, poll_s: float = 2.0) -> bool:
-        """Replay the spool; with a timeout, keep trying until it is empty. True when empty."""
+        """Send buffered metrics and replay the spool; with a timeout, keep trying until the
+        spool is empty. True when everything reached the store."""
+        self._send_metrics()
         deadline = self._clock() + timeout_s
         while True:
             if self._replay():
@@ -78,7 +89,17 @@ class StoreSink:
                 return False
             time.sleep(poll_s)
 
+    def _send_metrics(self) -> None:
+        self._metrics_sent = self._clock()
+        if self._metrics:
+            rows, self._metrics = self._metrics, []
+            self._deliver("train_metrics", {"rows": rows})
+
     def _report(self, op: str, **args: Any) -> None:
+        self._send_metrics()  # metrics of earlier steps go first
+        self._deliver(op, args)
+
+    def _deliver(self, op: str, args: dict[str, Any]) -> None:
         if self.spool.exists() and not (self._clock() >= self._next_try and self._replay()):
             self._append(op, args)
             return
@@ -120,7 +141,7 @@ class StoreSink:
         if op == "eval_point":
             store.add_eval_points(run_id, [args["point"]])
         elif op == "train_metrics":
-            store.add_train_metrics(run_id, [(args["step"], args["metrics"])])
+            store.add_train_metrics(run_id, [(step, metrics) for step, metrics in args["rows"]])
         elif op == "checkpoint_saved":
             store.add_checkpoint(run_id, args["step"], args["path"])
         elif op == "checkpoint_deleted":

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, delete, event, func, select, update
+from sqlalchemy import Engine, create_engine, delete, event, func, insert, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -170,6 +170,7 @@ class Store:
         self.is_sqlite = make_url(self.url).get_backend_name() == "sqlite"
         self._engine = self._make_engine()
         self._write_engine = self._engine.execution_options(sqlite_immediate=True)
+        self._eval_upsert = _upsert_statement(self, EvalPoint, ("run_id", "step"), EVAL_FIELDS[1:])
         if migrate_schema:
             with self._errors("migrating the schema"):
                 migrate.upgrade(self._engine, self.url)
@@ -372,23 +373,66 @@ class Store:
         attempt if it is still open, and set the run's state too if this is the run's newest
         attempt and the run is still active: a late word on an old attempt never overrides a
         newer submission. True if the run's state was set."""
-        with self._write(f"settling attempt {attempt_id}") as s:
-            row = s.get(Attempt, attempt_id)
-            if row is None:
-                return False
-            if row.state in ("queued", "pending", "running", "preempted"):
-                row.state, row.exit_reason, row.ended_at = state, reason, fields.pop("ended_at", None) or utcnow()
-            for key, value in fields.items():
-                setattr(row, key, value)
-            newest = s.scalar(select(func.max(Attempt.number)).where(Attempt.run_id == row.run_id))
-            if row.number != newest:
-                return False
-            result = s.execute(
-                update(Run)
-                .where(Run.id == row.run_id, Run.state.in_(ACTIVE_STATES))
-                .values(state=state, state_reason=reason, claim=None)
-            )
-            return result.rowcount > 0
+        return self.settle_attempts([(attempt_id, state, reason, fields)]) == 1
+
+    def settle_attempts(self, outcomes: Sequence[tuple[int, str, str | None, dict[str, Any]]]) -> int:
+        """`settle_attempt` for many (attempt id, state, reason, other fields) in one transaction;
+        returns how many runs changed state."""
+        changed = 0
+        with self._write(f"settling {len(outcomes)} attempts") as s:
+            for attempt_id, state, reason, fields in outcomes:
+                row = s.get(Attempt, attempt_id)
+                if row is None:
+                    continue
+                fields = dict(fields)
+                if row.state in ("queued", "pending", "running", "preempted"):
+                    row.state, row.exit_reason, row.ended_at = state, reason, fields.pop("ended_at", None) or utcnow()
+                for key, value in fields.items():
+                    setattr(row, key, value)
+                newest = s.scalar(select(func.max(Attempt.number)).where(Attempt.run_id == row.run_id))
+                if row.number == newest:
+                    changed += s.execute(
+                        update(Run)
+                        .where(Run.id == row.run_id, Run.state.in_(ACTIVE_STATES))
+                        .values(state=state, state_reason=reason, claim=None)
+                    ).rowcount
+        return changed
+
+    def record_submissions(self, executor: str, submissions: Sequence[dict[str, Any]], run_state: str) -> None:
+        """One new attempt per submitted run (fields: run_id, and any of job_id, array_job_id,
+        array_index, stdout_path, stderr_path, state), and the runs move from `submitting` to
+        `run_state`: all in one transaction, so submitting 2,000 runs is one write."""
+        if not submissions:
+            return
+        ids = [sub["run_id"] for sub in submissions]
+        with self._write(f"recording {len(ids)} submissions") as s:
+            numbers: dict[str, int] = {}
+            for chunk in _chunks(ids):
+                query = select(Attempt.run_id, func.max(Attempt.number)).where(Attempt.run_id.in_(chunk)).group_by(Attempt.run_id)
+                numbers.update({run_id: n for run_id, n in s.execute(query)})
+            now = utcnow()
+            rows = [
+                {"executor": executor, "state": run_state, "submitted_at": now, **sub, "number": numbers.get(sub["run_id"], 0) + 1}
+                for sub in submissions
+            ]
+            s.execute(insert(Attempt), rows)
+            for chunk in _chunks(ids):
+                s.execute(
+                    update(Run)
+                    .where(Run.id.in_(chunk), Run.state == "submitting")
+                    .values(state=run_state, state_reason=None, claim=None)
+                )
+
+    def set_runs_state(
+        self, run_ids: Sequence[str], state: str, *, only_from: Sequence[str], reason: str | None = None
+    ) -> int:
+        """Move many runs to `state` (those currently in `only_from`); returns how many moved."""
+        moved = 0
+        with self._write(f"setting {len(run_ids)} runs to {state}") as s:
+            for chunk in _chunks(list(run_ids)):
+                query = update(Run).where(Run.id.in_(chunk), Run.state.in_(only_from))
+                moved += s.execute(query.values(state=state, state_reason=reason, claim=None)).rowcount
+        return moved
 
     def queued_attempts(self, executor: str, *, limit: int) -> list[AttemptRecord]:
         """Attempts waiting for a slot of `executor`, oldest first."""
@@ -453,17 +497,15 @@ class Store:
     # -- eval points, train metrics, checkpoints ------------------------------------------------
 
     def add_eval_points(self, run_id: str, points: Sequence[dict[str, Any]]) -> None:
-        """Upsert eval points keyed by (run, step): writing the same step twice keeps one row."""
+        """Upsert eval points keyed by (run, step): writing the same step twice keeps one row.
+
+        The hot path of every job (and of 32 writers at once): one cached statement, no ORM."""
         if not points:
             return
-        rows = [{"run_id": run_id, "metrics": {}, **{k: p[k] for k in EVAL_FIELDS if k in p}} for p in points]
-        with self._write(f"writing eval points of run {run_id}") as s:
-            s.execute(_upsert(self, EvalPoint, rows, ("run_id", "step")))
-            s.execute(
-                update(Run)
-                .where(Run.id == run_id, Run.step < max(p["step"] for p in points))
-                .values(step=max(p["step"] for p in points))
-            )
+        now = utcnow()
+        rows = [{"run_id": run_id, "metrics": {}, "created_at": now, **{k: p[k] for k in EVAL_FIELDS if k in p}} for p in points]
+        with self._errors(f"writing eval points of run {run_id}"), self._write_engine.begin() as conn:
+            conn.execute(self._eval_upsert, rows)
 
     def eval_points(self, run_id: str) -> list[EvalRecord]:
         with self._read(f"reading eval points of run {run_id}") as s:
@@ -509,11 +551,14 @@ class Store:
             return s.execute(delete(EvalPoint).where(EvalPoint.run_id == run_id, EvalPoint.step > step)).rowcount
 
     def add_train_metrics(self, run_id: str, rows: Sequence[tuple[int, dict[str, Any]]]) -> None:
+        """Upsert per-step training metrics; the run's step becomes the newest of them."""
         if not rows:
             return
         values = [{"run_id": run_id, "step": step, "metrics": m} for step, m in rows]
+        newest = max(step for step, _ in rows)
         with self._write(f"writing train metrics of run {run_id}") as s:
             s.execute(_upsert(self, TrainMetric, values, ("run_id", "step")))
+            s.execute(update(Run).where(Run.id == run_id, Run.step < newest).values(step=newest))
 
     def train_metrics(self, run_id: str) -> list[tuple[int, dict[str, Any]]]:
         with self._read(f"reading train metrics of run {run_id}") as s:
@@ -542,6 +587,12 @@ class Store:
 # Helpers
 
 
+def _chunks(items: list[str], size: int = 900) -> Iterator[list[str]]:
+    """Slices small enough for SQLite's limit on bound parameters."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
 def _insert(store: Store) -> Any:
     """The dialect's INSERT, which knows ON CONFLICT."""
     if store.is_sqlite:
@@ -549,6 +600,13 @@ def _insert(store: Store) -> Any:
     else:
         from sqlalchemy.dialects.postgresql import insert
     return insert
+
+
+def _upsert_statement(store: Store, model: type, keys: tuple[str, ...], updated: Sequence[str]) -> Any:
+    """INSERT .. ON CONFLICT (keys) DO UPDATE, without values: executed with a list of rows, it
+    compiles once and is cached (psycopg then prepares it on the server)."""
+    stmt = _insert(store)(model)
+    return stmt.on_conflict_do_update(index_elements=list(keys), set_={c: stmt.excluded[c] for c in updated})
 
 
 def _upsert(store: Store, model: type, rows: list[dict[str, Any]], keys: tuple[str, ...]) -> Any:

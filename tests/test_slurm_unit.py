@@ -24,10 +24,15 @@ SACCT = """\
 
 def test_sacct_rows_become_job_infos():
     infos = _parse_sacct(SACCT)
-    assert sorted(infos) == ["12_0", "12_1", "12_[2-4]", "13", "14"]
+    assert sorted(infos) == ["12_0", "12_1", "12_2", "12_3", "12_4", "13", "14"]
     assert infos["12_0"].state == "CANCELLED"  # "by 0" dropped
-    assert infos["12_[2-4]"].node is None and infos["12_[2-4]"].reason == "JobArrayTaskLimit"
+    assert infos["12_3"].node is None and infos["12_3"].reason == "JobArrayTaskLimit"  # from "12_[2-4]"
     assert infos["12_1"].end is None and infos["12_0"].end is not None
+
+
+def test_collapsed_pending_array_rows_expand_to_their_tasks():
+    infos = _parse_sacct("30_[0-2,5%4]|PENDING|0:0|None assigned|Unknown|Unknown|Priority\n")
+    assert sorted(infos) == ["30_0", "30_1", "30_2", "30_5"]
 
 
 def test_failure_descriptions_name_the_signal():
