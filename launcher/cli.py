@@ -11,16 +11,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from rich.markup import escape
 
 from launcher import render
 from launcher.grid import GridError, expand, load_sweep
+from launcher.importer import IMPORT_COMPUTE_AXES, IMPORT_FORMATS, import_curves
 from launcher.launch import EXECUTORS, LaunchError, default_executor, launch
 from launcher.status import all_ended, collect, summary
 from store import Store, StoreError
 
 F = TypeVar("F", bound=Callable[..., Any])
 COMPUTE_AXES = ("flops", "gpu_hours", "tokens", "device_seconds", "step")
-REPORT_FORMATS = ("table", "json")
+REPORT_FORMATS = ("table", "md", "csv", "json", "html")
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -218,6 +220,12 @@ def logs_cmd(ctx: click.Context, run: str, which: str, follow: bool) -> None:
 @click.argument("sweep", required=False)
 @click.option("--format", "fmt", type=click.Choice(REPORT_FORMATS), default="table", show_default=True)
 @click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write PNG plots and the report file (report.md/.csv/.json/.html) into this directory.",
+)
+@click.option(
     "--compute",
     type=click.Choice(COMPUTE_AXES),
     default=None,
@@ -256,6 +264,7 @@ def report_cmd(
     ctx: click.Context,
     sweep: str | None,
     fmt: str,
+    out: Path | None,
     compute: str | None,
     method: str,
     r0: str,
@@ -266,9 +275,15 @@ def report_cmd(
     fit_until: float | None,
     predict_at: float | None,
 ) -> None:
-    """Fit the sigmoid to every configuration's curve; rank by A, then B; compare; judge each axis."""
+    """Fit the sigmoid to every configuration's curve; rank by A, then B; compare; judge each axis.
+
+    Without --out the report goes to stdout (html too: one self-contained page). With --out DIR,
+    DIR gets one PNG per configuration and per axis, and the report file in the chosen format
+    (table: the table is printed, plots only).
+    """
+    from launcher.plots import PlotError
     from launcher.report import ReportOptions, build_report
-    from launcher.report_render import render_json, render_table
+    from launcher.report_render import render_table, render_text, write_report
 
     try:
         options = ReportOptions(
@@ -279,10 +294,66 @@ def report_cmd(
         raise click.UsageError(str(exc)) from None
     store = _store(ctx)
     report = build_report(store, _sweep_name(store, sweep), options)
-    if fmt == "json":
-        click.echo(render_json(report))
-    else:
+    try:
+        if out is None:
+            if fmt == "table":
+                render_table(report, render.console())
+            else:
+                click.echo(render_text(report, fmt), nl=False)
+            return
+        written = write_report(report, fmt, out)
+    except (PlotError, OSError) as exc:
+        _fail(escape(str(exc)))
+    if fmt == "table":
         render_table(report, render.console())
+    plots = [p for p in written if p.suffix == ".png"]
+    report_file = "" if fmt == "table" else f"{written[0].name} and "
+    click.echo(f"wrote {report_file}{len(plots)} plots into {out}")
+
+
+@cli.command("import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--sweep", "sweep", required=True, help="Sweep to import into (created if it does not exist).")
+@click.option(
+    "--compute-axis",
+    type=click.Choice(IMPORT_COMPUTE_AXES),
+    default="gpu_hours",
+    show_default=True,
+    help="Which compute column the file's `compute` is.",
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(IMPORT_FORMATS), default=None, help="[default: from the file's extension]"
+)
+@click.pass_context
+@_errors
+def import_cmd(ctx: click.Context, file: Path, sweep: str, compute_axis: str, fmt: str | None) -> None:
+    """Import pass-rate curves from FILE (CSV or JSONL) into a sweep, to fit and rank them.
+
+    \b
+    One row per evaluation, with the columns:
+      run        the run's name (required)
+      compute    compute spent at the evaluation, >= 0 (required)
+      pass_rate  held-out pass rate in [0, 1] (required)
+      step       training step, an integer (optional; default: the row's order within its run)
+      any other  a label of the run (constant within the run), e.g. loss, lr, seed
+
+    Labels are the run's axes: runs that differ only in `seed` are one configuration, fitted
+    together. A run with no label but `seed` gets the label run=<its name>. Each run's id is a
+    hash of the sweep and run name: importing again updates, never duplicates. A bad row (each
+    is named by line) means nothing is written.
+    """
+    store = _store(ctx)
+    try:
+        result = import_curves(store, file, sweep, compute_axis=compute_axis, fmt=fmt)
+    except ValueError as exc:  # ImportFileError included: every bad line, nothing written
+        _fail(escape(str(exc)))
+    hint = "" if compute_axis == "gpu_hours" else f" --compute {compute_axis}"
+    render.console().print(
+        f"imported {result.num_runs} runs ({result.new_runs} new) and {result.num_points} points into "
+        f"{'new ' if result.created_sweep else ''}sweep [bold]{escape(result.sweep)}[/]; "
+        f"fit them with `sweep report {escape(result.sweep)}{hint}`",
+        soft_wrap=True,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,8 +386,9 @@ def _watch(store: Store, sweep: str, *, until_done: bool, compute: str | None = 
                     break
                 time.sleep(interval_s)
     except KeyboardInterrupt:
-        out.print("stopped watching; the runs go on")
+        out.print("\nstopped watching; the runs go on")
         return
+    out.line()  # Live leaves its last line open when the output is not a terminal
     for line in render.failures(rows):
         out.print(f"[red]{line}[/]", soft_wrap=True)
 

@@ -1,18 +1,33 @@
-"""Rendering a Report: rich table and JSON (schema: docs/report-schema.md, report.schema.json)."""
+"""Rendering a Report: rich table, Markdown, CSV, JSON (schema: docs/report-schema.md,
+report.schema.json), one self-contained HTML page, and the files of `--out DIR`.
+
+Rendering only: every number comes from the Report, nothing is refitted. The table, Markdown and
+HTML share one grid of cells (`fit_grid`), so the three show the same text for the same fit.
+Plots (launcher.plots, matplotlib) are drawn only for html and --out.
+"""
 
 from __future__ import annotations
 
+import base64
+import csv
+import html
+import io
 import json
 import math
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from analysis import AxisEffect, Comparison, Extrapolation, Interval
+from launcher.plots import Plot, config_plot_name, render_plots
 from launcher.report import SCHEMA_VERSION, ConfigResult, Report
 
 PARAMS = ("A", "B", "Cmid")
+FILE_NAMES = {"md": "report.md", "csv": "report.csv", "json": "report.json", "html": "report.html"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,57 +148,88 @@ def render_table(report: Report, console: Console) -> None:
 
 
 def fit_table(report: Report) -> Table:
+    header, rows = fit_grid(report)
+    caption = "ranked by A, then B; flagged fits are not ranked"
+    if any(c.boot for c in report.configs):
+        caption += f"; lo-hi: {report.options.level:.0%} bootstrap intervals"
+    table = Table(title=_fit_title(report), title_justify="left", caption=caption)
+    text_columns = {*(_axis_keys(report) or ["run"]), "flags"}
+    for name in header:
+        justify = "left" if name in text_columns else "right"
+        table.add_column(name, justify=justify, style="yellow" if name == "flags" else None, overflow="fold")
+    for row in rows:
+        cells = [Text(cell) for cell in row]
+        for cell in cells:
+            cell.highlight_regex(r" \(.*\)$", "dim")
+        table.add_row(*cells)
+    return table
+
+
+def fit_grid(report: Report) -> tuple[list[str], list[list[str]]]:
+    """The fit table as plain text: a header and one row per configuration, in report order."""
     configs = report.configs
-    axis_keys: list[str] = []
-    for c in configs:
-        axis_keys += [k for k in c.axes if k not in axis_keys]
+    axis_keys = _axis_keys(report)
     with_seeds = any(len(c.curves) > 1 for c in configs)
     with_intervals = any(c.boot for c in configs)
     with_extrapolation = any(c.extrapolation for c in configs)
-    caption = "ranked by A, then B; flagged fits are not ranked"
-    if with_intervals:
-        caption += f"; lo-hi: {report.options.level:.0%} bootstrap intervals"
-    table = Table(title=f"sweep {report.sweep}: fits of R(C) = R0 + (A - R0) / (1 + (Cmid/C)^B), C = {report.compute}",
-                  title_justify="left", caption=caption)  # fmt: skip
-    table.add_column("#", justify="right")
-    for key in axis_keys or ["run"]:
-        table.add_column(key, overflow="fold")
-    if with_seeds:
-        table.add_column("seeds", justify="right")
-    for name in ("A", "B", "Cmid"):
-        table.add_column(f"{name} (lo-hi)" if with_intervals else name, justify="right")
-    for name in ("R0", "R²", "n"):
-        table.add_column(name, justify="right")
-    if with_extrapolation:
-        table.add_column("predicted", justify="right")
-    table.add_column("flags", style="yellow", overflow="fold")
+    header = ["#", *(axis_keys or ["run"])]
+    header += ["seeds"] if with_seeds else []
+    header += [f"{name} (lo-hi)" if with_intervals else name for name in PARAMS]
+    header += ["R0", "R²", "n", *(["predicted"] if with_extrapolation else []), "flags"]
+    rows = []
     for c in configs:
         fit = c.fit
         row = [str(c.rank) if c.rank else "-"]
         row += [_value(c.axes.get(k)) for k in axis_keys] if axis_keys else [c.runs[0]]
-        if with_seeds:
-            row.append(str(len(c.curves)))
+        row += [str(len(c.curves))] if with_seeds else []
         for name, spec in (("A", ".3f"), ("B", ".2f"), ("Cmid", ".3g")):
             text = _fmt(getattr(fit, name), spec)
             if with_intervals:
-                text += f" [dim]({_range(getattr(c.boot, name) if c.boot else None, spec)})[/]"
+                text += f" ({_range(getattr(c.boot, name) if c.boot else None, spec)})"
             row.append(text)
         row += [_fmt(fit.R0, ".3f"), _fmt(fit.r2, ".3f"), str(fit.n_points)]
-        if with_extrapolation:
-            row.append(_extrapolation_cell(c.extrapolation))
+        row += [_extrapolation_cell(c.extrapolation)] if with_extrapolation else []
         row.append(", ".join(fit.flags))
-        table.add_row(*row)
-    return table
+        rows.append(row)
+    return header, rows
+
+
+def comparison_grid(report: Report) -> tuple[list[str], list[list[str]]]:
+    header = ["a", "b", "rule", "winner", "beyond noise", "reason"]
+    rows = [
+        [c.labels[0], c.labels[1], c.rule, c.winner or "-", "yes" if c.resolved else "no", c.reason]
+        for c in report.comparisons
+    ]
+    return header, rows
+
+
+def effect_grid(report: Report) -> tuple[list[str], list[list[str]]]:
+    header = ["axis", "verdict", "max |ΔA|", "max B ratio", "max Cmid ratio"]
+    rows = [
+        [e.axis, e.verdict, _fmt(e.max_delta_A, ".3f"), _fmt(e.max_B_ratio, ".2f"), _fmt(e.max_Cmid_ratio, ".2f")]
+        for e in report.effects
+    ]
+    return header, rows
+
+
+def _fit_title(report: Report) -> str:
+    return f"sweep {report.sweep}: fits of R(C) = R0 + (A - R0) / (1 + (Cmid/C)^B), C = {report.compute}"
+
+
+def _axis_keys(report: Report) -> list[str]:
+    keys: list[str] = []
+    for c in report.configs:
+        keys += [k for k in c.axes if k not in keys]
+    return keys
 
 
 def effects_table(report: Report) -> Table:
+    header, rows = effect_grid(report)
     table = Table(title="Effects of each axis (asymptote A, or only efficiency B and Cmid)", title_justify="left")
-    for name in ("axis", "verdict", "max |ΔA|", "max B ratio", "max Cmid ratio"):
+    for name in header:
         table.add_column(name)
-    for e in report.effects:
-        table.add_row(
-            e.axis, e.verdict, _fmt(e.max_delta_A, ".3f"), _fmt(e.max_B_ratio, ".2f"), _fmt(e.max_Cmid_ratio, ".2f")
-        )
+    for row in rows:
+        table.add_row(*map(Text, row))
     return table
 
 
@@ -210,3 +256,235 @@ def _fmt(value: float | None, spec: str) -> str:
     if value is None or not math.isfinite(value):
         return "-"
     return format(value, spec)
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown
+
+
+def render_markdown(report: Report) -> str:
+    """GitHub-flavoured Markdown: the fit table, the comparisons and the effects."""
+    parts = [f"# sweep {report.sweep}", "", _summary(report), "", "## Fits", "", _md_table(*fit_grid(report))]
+    if report.comparisons:
+        parts += ["", "## Comparisons", "", COMPARISON_NOTE, "", _md_table(*comparison_grid(report))]
+    if report.effects:
+        parts += ["", "## Effects of each axis", "", EFFECT_NOTE, "", _md_table(*effect_grid(report))]
+    return "\n".join(parts) + "\n"
+
+
+COMPARISON_NOTE = (
+    "The paper's rule, on neighbours in the ranking: A's within the margin are refitted with a shared A "
+    "and compared on B."
+)
+EFFECT_NOTE = "Does an axis move the asymptote A, or only the efficiency (B, Cmid)?"
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = [_md_row(header), "| " + " | ".join("---" for _ in header) + " |"]
+    return "\n".join(lines + [_md_row(row) for row in rows])
+
+
+def _md_row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cell.replace("|", "\\|").replace("\n", " ") or " " for cell in cells) + " |"
+
+
+def _summary(report: Report) -> str:
+    """One sentence on how the numbers were made: what a reader needs to trust or reuse them."""
+    opts = report.options
+    text = (
+        f"Fits of R(C) = R0 + (A - R0) / (1 + (Cmid/C)^B), C = {report.compute}; method {opts.method}, "
+        f"R0 {opts.r0}, cutoff {opts.cutoff:g}"
+    )
+    if opts.n_boot:
+        text += f"; lo-hi: {opts.level:.0%} bootstrap intervals ({opts.n_boot} samples)"
+    if opts.fit_until is not None:
+        text += f"; predicted: fit up to {opts.fit_until:g}, predicted at {opts.predict_at:g}"
+    flagged = "flagged fits are ranked too" if opts.include_flagged else "flagged fits are not ranked"
+    return f"{text}. Ranked by A, then B; {flagged}. Generated {report.generated_at:%Y-%m-%d %H:%M} UTC."
+
+
+# ---------------------------------------------------------------------------------------------
+# CSV
+
+
+CSV_FIXED = (
+    "rank", "label", "compute_axis", "seeds", "run_ids", "states",
+    "A", "A_lo", "A_hi", "B", "B_lo", "B_hi", "Cmid", "Cmid_lo", "Cmid_hi", "R0", "r2", "sse",
+    "n_points", "compute_min", "compute_max", "method", "flags",
+    "fit_until", "predict_at", "predicted", "predicted_lo", "predicted_hi", "observed", "error", "within_band",
+)  # fmt: skip
+
+
+def render_csv(report: Report) -> str:
+    """One row per configuration, in report order; columns in docs/report-schema.md.
+
+    Numbers at full precision (a spreadsheet or pandas recomputes from them), unknown ones empty;
+    lists (seeds, run ids, states, flags) joined with ";". The axis columns come after `label`,
+    each named after its axis ("axis:" in front when that name is a fixed column's).
+    """
+    axis_keys = _axis_keys(report)
+    axis_columns = [f"axis:{k}" if k in CSV_FIXED else k for k in axis_keys]
+    header = [*CSV_FIXED[:2], *axis_columns, *CSV_FIXED[2:]]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    for c in report.configs:
+        row = _csv_row(report, c)
+        writer.writerow([*row[:2], *(_csv(c.axes.get(k)) for k in axis_keys), *row[2:]])
+    return buffer.getvalue()
+
+
+def _csv_row(report: Report, c: ConfigResult) -> list[str]:
+    fit, boot, e = c.fit, c.boot, c.extrapolation
+    row = [_csv(c.rank), c.label, report.compute, ";".join(_csv(s) for s in c.seeds), ";".join(c.runs)]
+    row.append(";".join(curve.state for curve in c.curves))
+    for name in PARAMS:
+        interval = getattr(boot, name) if boot else None
+        row += [_csv(getattr(fit, name)), *_csv_interval(interval)]
+    row += [_csv(fit.R0), _csv(fit.r2), _csv(fit.sse), _csv(fit.n_points), _csv(fit.compute_min)]
+    row += [_csv(fit.compute_max), fit.method, ";".join(fit.flags)]
+    if e is None:
+        return row + [""] * 8
+    return row + [
+        _csv(e.fit_until), _csv(e.predict_at), _csv(e.predicted), *_csv_interval(e.band),
+        _csv(e.observed), _csv(e.error), _csv(e.within_band),
+    ]  # fmt: skip
+
+
+def _csv_interval(interval: Interval | None) -> list[str]:
+    return [_csv(interval.lo), _csv(interval.hi)] if interval is not None and interval.known else ["", ""]
+
+
+def _csv(value: Any) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# HTML
+
+
+def render_html(report: Report, plots: Sequence[Plot]) -> str:
+    """One self-contained page: inline CSS, plots as data: URIs, no external URL, no script."""
+    title = html.escape(f"sweep {report.sweep}: scaling report")
+    body = [
+        f"<h1>{title}</h1>",
+        f'<p class="summary">{html.escape(_summary(report))}</p>',
+        "<h2>Fits</h2>",
+        _html_fit_table(report, plots),
+    ]
+    if report.comparisons:
+        body += ["<h2>Comparisons</h2>", f"<p>{html.escape(COMPARISON_NOTE)}</p>"]
+        body.append(_html_table(*comparison_grid(report), table_id="comparisons"))
+    if report.effects:
+        body += ["<h2>Effects of each axis</h2>", f"<p>{html.escape(EFFECT_NOTE)}</p>"]
+        body.append(_html_table(*effect_grid(report), table_id="effects"))
+    if plots:
+        body += ["<h2>Plots</h2>", '<div class="plots">', *map(_html_figure, plots), "</div>"]
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{title}</title>\n<style>{HTML_STYLE}</style>\n</head>\n<body>\n"
+        + "\n".join(body)
+        + "\n</body>\n</html>\n"
+    )
+
+
+HTML_STYLE = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1400px;
+       padding: 0 1em; color: #1b1b1b; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; }
+.summary { color: #444; }
+table { border-collapse: collapse; margin: 0.5em 0; font-variant-numeric: tabular-nums; }
+th, td { border: 1px solid #d0d0d0; padding: 0.3em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f2f4f7; }
+tr.flagged td { background: #fff4d6; }
+td.flags { color: #a05a00; }
+.plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr)); gap: 1em; }
+figure { margin: 0; border: 1px solid #e2e2e2; padding: 0.5em; }
+figure img { width: 100%; height: auto; display: block; }
+figcaption { font-size: 0.9em; color: #444; }
+a { color: #1f5fa8; }
+"""
+
+
+def _html_fit_table(report: Report, plots: Sequence[Plot]) -> str:
+    """The fit table; a row's rank links to its plot, flagged rows are highlighted."""
+    header, rows = fit_grid(report)
+    names = {p.name for p in plots}
+    out = ['<table id="fits">', _html_row(header, "th")]
+    for i, (c, row) in enumerate(zip(report.configs, rows), start=1):
+        anchor = config_plot_name(i, c)
+        cells = [html.escape(cell) for cell in row]
+        if anchor in names:
+            cells[0] = f'<a href="#{html.escape(_anchor(anchor))}">{cells[0]}</a>'
+        css = ' class="flagged"' if c.fit.flags else ""
+        out.append(
+            f"<tr{css}>"
+            + "".join(f"<td>{cell}</td>" for cell in cells[:-1])
+            + f'<td class="flags">{cells[-1]}</td></tr>'
+        )
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, table_id: str) -> str:
+    lines = [f'<table id="{table_id}">', _html_row(header, "th")]
+    lines += [_html_row(row, "td") for row in rows]
+    return "\n".join([*lines, "</table>"])
+
+
+def _html_row(cells: Sequence[str], tag: str) -> str:
+    return "<tr>" + "".join(f"<{tag}>{html.escape(cell)}</{tag}>" for cell in cells) + "</tr>"
+
+
+def _html_figure(plot: Plot) -> str:
+    data = base64.b64encode(plot.png).decode("ascii")
+    caption = html.escape(plot.title)
+    return (
+        f'<figure id="{html.escape(_anchor(plot.name))}"><img src="data:image/png;base64,{data}" alt="{caption}">'
+        f"<figcaption>{caption}</figcaption></figure>"
+    )
+
+
+def _anchor(file_name: str) -> str:
+    return "plot-" + file_name.removesuffix(".png")
+
+
+# ---------------------------------------------------------------------------------------------
+# Text formats and --out
+
+
+def render_text(report: Report, fmt: str, plots: Sequence[Plot] | None = None) -> str:
+    """The report as md, csv, json or html text; html draws the plots unless given them."""
+    if fmt == "md":
+        return render_markdown(report)
+    if fmt == "csv":
+        return render_csv(report)
+    if fmt == "json":
+        return render_json(report) + "\n"
+    if fmt == "html":
+        return render_html(report, render_plots(report) if plots is None else plots)
+    raise ValueError(f"format must be one of {', '.join(FILE_NAMES)}, got {fmt!r}")
+
+
+def write_report(report: Report, fmt: str, out: Path) -> list[Path]:
+    """Write every plot as PNG into `out`, and the report as report.<fmt> unless fmt is "table".
+
+    Returns the paths written, the report file first. Plots are drawn once and embedded in the
+    HTML page as the same bytes.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    plots = render_plots(report)
+    written = []
+    if fmt != "table":
+        path = out / FILE_NAMES[fmt]
+        path.write_text(render_text(report, fmt, plots), encoding="utf-8")
+        written.append(path)
+    for plot in plots:
+        (out / plot.name).write_bytes(plot.png)
+        written.append(out / plot.name)
+    return written
