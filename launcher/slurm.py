@@ -278,7 +278,13 @@ def _parse_sacct(text: str) -> dict[str, JobInfo]:
         job_id, state, exit_code, node, start, end, reason = parts[:7]
         for one in _array_tasks(job_id):
             out[one] = JobInfo(
-                one, state.split()[0], exit_code, _none(node, "None assigned"), _time(start), _time(end), _none(reason, "None")
+                one,
+                state.split()[0],
+                exit_code,
+                _none(node, "None assigned"),
+                _time(start),
+                _time(end),
+                _none(reason, "None"),
             )
     return out
 
@@ -346,7 +352,9 @@ def reconcile(store: Store, sweep: str) -> str:
             if run.state != state:
                 moves.setdefault(state, []).append(run.id)
         elif run.state != "completed":  # the recipe records its own completion; the rest is Slurm's word
-            outcomes.append((attempt.id, *_ended(info, attempt.stderr_path, state), {"ended_at": info.end, "node": info.node}))
+            outcomes.append(
+                (attempt.id, *_ended(info, attempt.stderr_path, state), {"ended_at": info.end, "node": info.node})
+            )
     for state, run_ids in moves.items():
         store.set_runs_state(run_ids, state, only_from=ACTIVE_STATES)
     if outcomes:
