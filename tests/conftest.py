@@ -34,6 +34,17 @@ def _isolated_env(tmp_path: Path, session_cache: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
+@pytest.fixture(scope="module")
+def torch_one_thread():
+    """Tiny models run fastest on one thread; more threads only add synchronisation."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'sweeps.db'}"

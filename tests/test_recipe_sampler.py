@@ -7,14 +7,7 @@ from recipe import tasks
 from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
 from recipe.sampler import decode, sample
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread; more threads only add synchronisation."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -100,6 +100,25 @@ def slurm_cluster() -> None:
         _unavailable("the dev Slurm cluster", str(exc))
 
 
+@pytest.fixture(autouse=True)
+def empty_queue(slurm_cluster):
+    """Each test starts with no jobs of ours in the queue (a failed test may leave some running)
+    and leaves none behind."""
+
+    def clear() -> None:
+        user = os.environ.get("USER") or "root"
+        subprocess.run(["scancel", "-u", user], check=False, capture_output=True)
+        wait_for(
+            lambda: not subprocess.run(["squeue", "-h", "-u", user], capture_output=True, text=True).stdout.strip(),
+            60,
+            "the queue to empty",
+        )
+
+    clear()
+    yield
+    clear()
+
+
 @pytest.fixture
 def cluster_setting(slurm_cluster):
     """Change a setting of the running cluster for one test, restored after it."""
@@ -150,9 +169,9 @@ def test_requeue_usr2_time_limit_and_sigkill_all_end_completed_from_checkpoints(
     a real 2-minute time limit (USR2 30 s before it; Slurm may send it up to 60 s earlier), and a
     SIGKILL followed by `--retry-failed`."""
     db = pg_url
-    grid = sweep_file(tiny("disrupt", 800, "grid:\n  loss.type: [cispo, grpo, dapo]"))
+    grid = sweep_file(tiny("disrupt", 600, "grid:\n  loss.type: [cispo, grpo, dapo]"))
     limited = sweep_file(
-        tiny("limited", 2000, "resources: {timeout_min: 2, signal_delay_s: 30}"),
+        tiny("limited", 4000, "resources: {timeout_min: 2, signal_delay_s: 30}"),
         name="limited.yaml",
     )
     for path in (grid, limited):
