@@ -116,9 +116,9 @@ def _submit(store: Store, runs: list[RunRecord], executor: str, *, max_parallel:
             from launcher import slurm
 
             return slurm.submit(store, runs)
-    except Exception as exc:
-        for run in runs:  # nothing stays claimed by a launch that failed
-            store.set_run_state(run.id, "registered", f"submission failed: {exc}", only_from=["submitting"])
+    except Exception as exc:  # nothing stays claimed by a launch that failed
+        ids = [r.id for r in runs]
+        store.set_runs_state(ids, "registered", only_from=["submitting"], reason=f"submission failed: {exc}")
         raise LaunchError(f"submitting {len(runs)} runs with the {executor} executor failed: {exc}") from exc
     return [r.id for r in runs]
 

@@ -92,6 +92,14 @@ def test_sweep_runs_to_completion_and_relaunch_is_a_no_op(sweep_file, sqlite_url
     assert sorted(rid for r in report["runs"] for rid in r["run_ids"]) == sorted(r["run"] for r in status["runs"])
     assert all(r["n_points"] == 8 for r in report["runs"])  # evals at steps 0, 1, 2, 4, 8, 10, 20, 30
 
+    # A larger budget continues the same runs from their last checkpoint.
+    code, out = sweep(sqlite_url, "launch", grid, "budget.steps=40", "--cluster", "local", "--wait")
+    assert code == 0 and "2 runs, 0 new, 2 submitted" in out, out
+    for run in store.runs("tiny"):
+        assert (run.state, run.budget["steps"]) == ("completed", 40)
+        assert [a.resumed_from_step for a in store.attempts(run.id)] == [None, 30]
+        assert [p.step for p in store.eval_points(run.id)] == [0, 1, 2, 4, 8, 10, 20, 30, 40]
+
 
 @pytest.mark.slow
 def test_sigkilled_job_fails_and_retry_resumes_from_its_checkpoint(sweep_file, sqlite_url):

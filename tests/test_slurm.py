@@ -166,12 +166,13 @@ def test_grid_runs_as_job_arrays_and_status_asks_slurm_once(slurm_cluster, sweep
 
 def test_requeue_usr2_time_limit_and_sigkill_all_end_completed_from_checkpoints(slurm_cluster, sweep_file, pg_url):
     """Four disruptions at once, each on its own run: `scontrol requeue`, `scancel --signal=USR2`,
-    a real 2-minute time limit (USR2 30 s before it; Slurm may send it up to 60 s earlier), and a
+    a real 2-minute time limit (USR2 60 s before it; Slurm may send it up to 60 s earlier, so the
+    run, ~90 s of training or more, is cut at least once), and a
     SIGKILL followed by `--retry-failed`."""
     db = pg_url
     grid = sweep_file(tiny("disrupt", 600, "grid:\n  loss.type: [cispo, grpo, dapo]"))
     limited = sweep_file(
-        tiny("limited", 4000, "resources: {timeout_min: 2, signal_delay_s: 30}"),
+        tiny("limited", 4000, "resources: {timeout_min: 2, signal_delay_s: 60}"),
         name="limited.yaml",
     )
     for path in (grid, limited):
