@@ -137,3 +137,28 @@ def test_sigkilled_job_fails_and_retry_resumes_from_its_checkpoint(sweep_file, s
     steps = [p.step for p in store.eval_points(run.id)]
     expected = [0, 1, 2, 4, 8, *range(10, 401, 10)]
     assert steps == expected  # nothing lost, nothing stored twice
+
+
+@pytest.mark.slow
+def test_cancel_checkpoints_the_running_job_and_retry_resumes_it(sweep_file, sqlite_url):
+    grid = str(
+        sweep_file(TINY.replace("loss.type: [cispo, grpo]", "loss.type: [cispo]").replace("steps: 30", "steps: 600"))
+    )
+    code, out = sweep(sqlite_url, "launch", grid, "--cluster", "local")
+    assert code == 0, out
+    store = Store(sqlite_url)
+    (run,) = store.runs("tiny")
+    wait_for(lambda: store.get_run(run.id).state == "running" and store.get_run(run.id).step > 50, what="training")
+
+    code, out = sweep(sqlite_url, "cancel", "tiny")
+    assert code == 0 and f"cancelled 1 run(s): {run.id}" in out
+    attempt = wait_for(lambda: (a := store.attempts(run.id)[-1]).state == "cancelled" and a, what="the job to stop")
+    stopped_at = int(attempt.exit_reason.rsplit(" ", 1)[-1])  # "cancelled at step N"
+    assert store.get_run(run.id).state == "cancelled"
+    assert store.checkpoints(run.id)[-1].step == stopped_at  # it checkpointed before stopping
+
+    code, out = sweep(sqlite_url, "launch", grid, "--cluster", "local", "--retry-failed", "--wait")
+    assert code == 0, out
+    attempts = store.attempts(run.id)
+    assert [a.state for a in attempts] == ["cancelled", "completed"]
+    assert attempts[1].resumed_from_step == stopped_at
