@@ -17,6 +17,7 @@ from launcher import render
 from launcher.grid import GridError, expand, load_sweep
 from launcher.importer import IMPORT_COMPUTE_AXES, IMPORT_FORMATS, import_curves
 from launcher.launch import EXECUTORS, LaunchError, default_executor, launch
+from launcher.slurm import SlurmError
 from launcher.status import all_ended, collect, summary
 from store import Store, StoreError
 
@@ -26,7 +27,8 @@ REPORT_FORMATS = ("table", "md", "csv", "json", "html")
 
 
 def _fail(message: str, code: int = 1) -> None:
-    render.console(stderr=True).print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    """Print `message` (plain text: brackets in it are not markup) and exit with `code`."""
+    render.console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", markup=True, soft_wrap=True)
     sys.exit(code)
 
 
@@ -39,7 +41,7 @@ def _errors(func: F) -> F:
             return func(*args, **kwargs)
         except GridError as exc:
             _fail(str(exc), 2)
-        except (StoreError, LaunchError) as exc:
+        except (StoreError, LaunchError, SlurmError) as exc:
             _fail(str(exc))
         except KeyError as exc:
             _fail(str(exc.args[0]) if exc.args else str(exc))
@@ -303,7 +305,7 @@ def report_cmd(
             return
         written = write_report(report, fmt, out)
     except (PlotError, OSError) as exc:
-        _fail(escape(str(exc)))
+        _fail(str(exc))
     if fmt == "table":
         render_table(report, render.console())
     plots = [p for p in written if p.suffix == ".png"]
@@ -346,7 +348,7 @@ def import_cmd(ctx: click.Context, file: Path, sweep: str, compute_axis: str, fm
     try:
         result = import_curves(store, file, sweep, compute_axis=compute_axis, fmt=fmt)
     except ValueError as exc:  # ImportFileError included: every bad line, nothing written
-        _fail(escape(str(exc)))
+        _fail(str(exc))
     hint = "" if compute_axis == "gpu_hours" else f" --compute {compute_axis}"
     render.console().print(
         f"imported {result.num_runs} runs ({result.new_runs} new) and {result.num_points} points into "
