@@ -11,7 +11,6 @@ scheduler, so a reboot or a killed scheduler loses nothing.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import os
 import subprocess
@@ -20,7 +19,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+
+from filelock import FileLock, Timeout
 
 from store import AttemptRecord, RunRecord, Store
 
@@ -63,14 +64,11 @@ def ensure_scheduler(store: Store, *, max_parallel: int | None = None) -> bool:
 
 
 def _lock_held(path: Path) -> bool:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        return False
+    lock = _try_lock(path)
+    if lock is None:
+        return True
+    lock.release()
+    return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,14 +97,14 @@ def serve(store: Store, max_parallel: int) -> None:
             if not slots and not store.queued_attempts(EXECUTOR, limit=1):
                 # Release, then look once more: a launch that queued work after our last look
                 # either sees the lock free and starts a scheduler, or we see its work here.
-                _release(handle)
+                handle.release()
                 handle = None
                 if not store.queued_attempts(EXECUTOR, limit=1) or (handle := _try_lock(lock_path(store.url))) is None:
                     return
             time.sleep(POLL_S)
     finally:
         if handle is not None:
-            _release(handle)
+            handle.release()
 
 
 def _start(store: Store, attempt: AttemptRecord) -> Slot:
@@ -164,20 +162,15 @@ def _failure_cause(exc: BaseException) -> str:
     return lines[-1].strip() if lines else type(exc).__name__
 
 
-def _try_lock(path: Path) -> IO[str] | None:
+def _try_lock(path: Path) -> FileLock | None:
+    """The scheduler's lock if nobody holds it, else None (never waits)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(path, "a")
+    lock = FileLock(path)
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
+        lock.acquire(timeout=0)
+    except Timeout:
         return None
-    return handle
-
-
-def _release(handle: IO[str]) -> None:
-    fcntl.flock(handle, fcntl.LOCK_UN)
-    handle.close()
+    return lock
 
 
 def _main(argv: Sequence[str] | None = None) -> None:

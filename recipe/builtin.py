@@ -19,20 +19,19 @@ wait and then load it.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 import transformers
+from filelock import FileLock
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from recipe import tasks
@@ -100,7 +99,7 @@ def builtin_model_dir(name: str, recipe: WarmupRecipe, root: Path, log: Callable
     if final.is_dir():
         return final
     models_dir.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(models_dir / f"{final.name}.lock"):
+    with FileLock(models_dir / f"{final.name}.lock"):
         if final.is_dir():
             return final
         log(f"building base model {BUILTIN_PREFIX}{name} (once; cached in {final})")
@@ -119,16 +118,6 @@ def _make_readable(directory: Path) -> None:
     directory.chmod(0o755)
     for path in directory.iterdir():
         path.chmod(0o644)
-
-
-@contextmanager
-def _exclusive_lock(path: Path) -> Iterator[None]:
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -408,11 +408,21 @@ class Store:
         with self._write(f"recording {len(ids)} submissions") as s:
             numbers: dict[str, int] = {}
             for chunk in _chunks(ids):
-                query = select(Attempt.run_id, func.max(Attempt.number)).where(Attempt.run_id.in_(chunk)).group_by(Attempt.run_id)
+                query = (
+                    select(Attempt.run_id, func.max(Attempt.number))
+                    .where(Attempt.run_id.in_(chunk))
+                    .group_by(Attempt.run_id)
+                )
                 numbers.update({run_id: n for run_id, n in s.execute(query)})
             now = utcnow()
             rows = [
-                {"executor": executor, "state": run_state, "submitted_at": now, **sub, "number": numbers.get(sub["run_id"], 0) + 1}
+                {
+                    "executor": executor,
+                    "state": run_state,
+                    "submitted_at": now,
+                    **sub,
+                    "number": numbers.get(sub["run_id"], 0) + 1,
+                }
                 for sub in submissions
             ]
             s.execute(insert(Attempt), rows)
@@ -470,18 +480,7 @@ class Store:
     def latest_attempts(self, sweep: str) -> dict[str, AttemptRecord]:
         """The newest attempt of every run of the sweep that has one."""
         with self._read(f"reading attempts of {sweep!r}") as s:
-            newest = (
-                select(Attempt.run_id, func.max(Attempt.number).label("n"))
-                .join(Run)
-                .join(Sweep)
-                .where(Sweep.name == sweep)
-                .group_by(Attempt.run_id)
-                .subquery()
-            )
-            rows = s.scalars(
-                select(Attempt).join(newest, (Attempt.run_id == newest.c.run_id) & (Attempt.number == newest.c.n))
-            )
-            return {r.run_id: _attempt(r) for r in rows}
+            return {r.run_id: _attempt(r) for r in _newest_per_run(s, Attempt, Attempt.number, sweep)}
 
     def attempt_counts(self, sweep: str) -> dict[str, int]:
         with self._read(f"counting attempts of {sweep!r}") as s:
@@ -503,7 +502,10 @@ class Store:
         if not points:
             return
         now = utcnow()
-        rows = [{"run_id": run_id, "metrics": {}, "created_at": now, **{k: p[k] for k in EVAL_FIELDS if k in p}} for p in points]
+        rows = [
+            {"run_id": run_id, "metrics": {}, "created_at": now, **{k: p[k] for k in EVAL_FIELDS if k in p}}
+            for p in points
+        ]
         with self._errors(f"writing eval points of run {run_id}"), self._write_engine.begin() as conn:
             conn.execute(self._eval_upsert, rows)
 
@@ -530,20 +532,7 @@ class Store:
     def last_eval_points(self, sweep: str) -> dict[str, EvalRecord]:
         """The newest eval point of every run of the sweep that has one."""
         with self._read(f"reading eval points of {sweep!r}") as s:
-            newest = (
-                select(EvalPoint.run_id, func.max(EvalPoint.step).label("step"))
-                .join(Run)
-                .join(Sweep)
-                .where(Sweep.name == sweep)
-                .group_by(EvalPoint.run_id)
-                .subquery()
-            )
-            rows = s.scalars(
-                select(EvalPoint).join(
-                    newest, (EvalPoint.run_id == newest.c.run_id) & (EvalPoint.step == newest.c.step)
-                )
-            )
-            return {r.run_id: _eval(r) for r in rows}
+            return {r.run_id: _eval(r) for r in _newest_per_run(s, EvalPoint, EvalPoint.step, sweep)}
 
     def delete_eval_points_after(self, run_id: str, step: int) -> int:
         """Forget eval points past `step`: they belong to a trajectory that a resume abandons."""
@@ -613,6 +602,19 @@ def _upsert(store: Store, model: type, rows: list[dict[str, Any]], keys: tuple[s
     stmt = _insert(store)(model).values(rows)
     updatable = {c: stmt.excluded[c] for c in rows[0] if c not in keys}
     return stmt.on_conflict_do_update(index_elements=list(keys), set_=updatable)
+
+
+def _newest_per_run(s: Session, model: Any, order: Any, sweep: str) -> Any:
+    """Rows of `model` with the largest `order` for each run of the sweep."""
+    newest = (
+        select(model.run_id, func.max(order).label("top"))
+        .join(Run)
+        .join(Sweep)
+        .where(Sweep.name == sweep)
+        .group_by(model.run_id)
+        .subquery()
+    )
+    return s.scalars(select(model).join(newest, (model.run_id == newest.c.run_id) & (order == newest.c.top)))
 
 
 def _sweep_id(s: Session, name: str) -> int:

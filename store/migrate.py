@@ -7,11 +7,11 @@ a lock file beside the database on SQLite), so exactly one process runs each mig
 
 from __future__ import annotations
 
-import fcntl
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+from filelock import FileLock
 from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy.engine import make_url
 
@@ -50,7 +50,7 @@ def _exclusive(engine: Engine, url: str) -> Iterator[Connection]:
     if parsed.get_backend_name() == "sqlite":
         db = parsed.database
         lock_path = Path(f"{db}.migrate.lock") if db and db != ":memory:" else None
-        with _file_lock(lock_path), engine.connect() as conn:
+        with FileLock(lock_path) if lock_path else nullcontext(), engine.connect() as conn:
             yield conn
     else:
         with engine.connect() as conn:
@@ -61,16 +61,3 @@ def _exclusive(engine: Engine, url: str) -> Iterator[Connection]:
             finally:
                 conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_LOCK_KEY})
                 conn.commit()
-
-
-@contextmanager
-def _file_lock(path: Path | None) -> Iterator[None]:
-    if path is None:
-        yield
-        return
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
