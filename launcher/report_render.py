@@ -172,10 +172,18 @@ def fit_grid(report: Report) -> tuple[list[str], list[list[str]]]:
     with_seeds = any(len(c.curves) > 1 for c in configs)
     with_intervals = any(c.boot for c in configs)
     with_extrapolation = any(c.extrapolation for c in configs)
+    with_methods = len({c.fit.method for c in configs}) > 1  # else the title names the one method
     header = ["#", *(axis_keys or ["run"])]
     header += ["seeds"] if with_seeds else []
     header += [f"{name} (lo-hi)" if with_intervals else name for name in PARAMS]
-    header += ["R0", "R²", "n", *(["predicted"] if with_extrapolation else []), "flags"]
+    header += [
+        "R0",
+        "R²",
+        "n",
+        *(["predicted"] if with_extrapolation else []),
+        *(["method"] if with_methods else []),
+        "flags",
+    ]
     rows = []
     for c in configs:
         fit = c.fit
@@ -189,6 +197,7 @@ def fit_grid(report: Report) -> tuple[list[str], list[list[str]]]:
             row.append(text)
         row += [_fmt(fit.R0, ".3f"), _fmt(fit.r2, ".3f"), str(fit.n_points)]
         row += [_extrapolation_cell(c.extrapolation)] if with_extrapolation else []
+        row += [fit.method] if with_methods else []
         row.append(", ".join(fit.flags))
         rows.append(row)
     return header, rows
@@ -213,7 +222,9 @@ def effect_grid(report: Report) -> tuple[list[str], list[list[str]]]:
 
 
 def _fit_title(report: Report) -> str:
-    return f"sweep {report.sweep}: fits of R(C) = R0 + (A - R0) / (1 + (Cmid/C)^B), C = {report.compute}"
+    methods = sorted({c.fit.method for c in report.configs})
+    method = f", method {methods[0]}" if len(methods) == 1 else ""
+    return f"sweep {report.sweep}: fits of R(C) = R0 + (A - R0) / (1 + (Cmid/C)^B), C = {report.compute}{method}"
 
 
 def _axis_keys(report: Report) -> list[str]:
