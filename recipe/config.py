@@ -3,9 +3,9 @@
 Every ScaleRL knob (DESIGN.md, "Recipe") is one field. Defaults are the paper's, except where a
 field names the built-in CPU task and model, which is what runs when nothing else is given.
 
-This module is imported by the launcher to validate grids on a login node, so it must never
-import torch, vllm or deepspeed. It also owns the files that hand a run from the launcher to the
-recipe (see `write_run_files`).
+The launcher imports this module to validate grids on a login node, so torch, vllm and
+deepspeed must never be imported here. It also owns the files that hand a run from the launcher
+to the recipe (see `write_run_files`).
 
 Dotted keys (`loss.aggregation`) address fields; `async` is spelled `async_` in Python.
 """
