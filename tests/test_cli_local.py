@@ -46,6 +46,20 @@ def wait_for(condition, timeout_s: float = 120, what: str = "condition"):
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+def launch_one_run(sweep_file, db: str, *, steps: int):
+    """Launch a one-run version of TINY with `steps` steps; (grid path, store, the run)."""
+    grid = str(
+        sweep_file(
+            TINY.replace("loss.type: [cispo, grpo]", "loss.type: [cispo]").replace("steps: 30", f"steps: {steps}")
+        )
+    )
+    code, out = sweep(db, "launch", grid, "--cluster", "local")
+    assert code == 0, out
+    store = Store(db)
+    (run,) = store.runs("tiny")
+    return grid, store, run
+
+
 def test_misspelled_key_fails_before_anything_is_registered(sweep_file, sqlite_url, tmp_path):
     grid = sweep_file("name: typo\ngrid:\n  loss.agregation: [prompt, token]\n")
     code, out = sweep(sqlite_url, "launch", str(grid), "--cluster", "local")
@@ -103,20 +117,13 @@ def test_sweep_runs_to_completion_and_relaunch_is_a_no_op(sweep_file, sqlite_url
 
 @pytest.mark.slow
 def test_sigkilled_job_fails_and_retry_resumes_from_its_checkpoint(sweep_file, sqlite_url):
-    grid = str(
-        sweep_file(TINY.replace("loss.type: [cispo, grpo]", "loss.type: [cispo]").replace("steps: 30", "steps: 400"))
-    )
-    code, out = sweep(sqlite_url, "launch", grid, "--cluster", "local")
-    assert code == 0, out
-    store = Store(sqlite_url)
-    (run,) = store.runs("tiny")
+    grid, store, run = launch_one_run(sweep_file, sqlite_url, steps=1000)
 
-    def running_past_a_checkpoint():
+    def running_with_a_checkpoint():
         checkpoints = store.checkpoints(run.id)
-        current = store.get_run(run.id)
-        return current.state == "running" and checkpoints and current.step > checkpoints[-1].step and checkpoints
+        return store.get_run(run.id).state == "running" and checkpoints
 
-    checkpoints = wait_for(running_past_a_checkpoint, what="a checkpoint")
+    checkpoints = wait_for(running_with_a_checkpoint, what="a checkpoint")
     os.kill(store.attempts(run.id)[-1].pid, signal.SIGKILL)
 
     def failed():
@@ -135,19 +142,13 @@ def test_sigkilled_job_fails_and_retry_resumes_from_its_checkpoint(sweep_file, s
     assert [a.state for a in attempts] == ["failed", "completed"]
     assert attempts[1].resumed_from_step is not None and attempts[1].resumed_from_step >= checkpoints[-1].step
     steps = [p.step for p in store.eval_points(run.id)]
-    expected = [0, 1, 2, 4, 8, *range(10, 401, 10)]
+    expected = [0, 1, 2, 4, 8, *range(10, 1001, 10)]
     assert steps == expected  # nothing lost, nothing stored twice
 
 
 @pytest.mark.slow
 def test_cancel_checkpoints_the_running_job_and_retry_resumes_it(sweep_file, sqlite_url):
-    grid = str(
-        sweep_file(TINY.replace("loss.type: [cispo, grpo]", "loss.type: [cispo]").replace("steps: 30", "steps: 600"))
-    )
-    code, out = sweep(sqlite_url, "launch", grid, "--cluster", "local")
-    assert code == 0, out
-    store = Store(sqlite_url)
-    (run,) = store.runs("tiny")
+    grid, store, run = launch_one_run(sweep_file, sqlite_url, steps=600)
     wait_for(lambda: store.get_run(run.id).state == "running" and store.get_run(run.id).step > 50, what="training")
 
     code, out = sweep(sqlite_url, "cancel", "tiny")
