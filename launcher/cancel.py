@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 
-from store import ACTIVE_STATES, RunRecord, Store
+from store import ACTIVE_STATES, Store
 
 CANCELLABLE = ("registered", *ACTIVE_STATES)
 
@@ -17,15 +17,14 @@ def cancel(store: Store, target: str) -> list[str]:
     get SIGTERM (local) or scancel (Slurm), which makes them checkpoint and stop.
     """
     runs = store.runs(target) if store.get_sweep(target) else [store.get_run(target)]
-    cancelled: list[RunRecord] = [
-        r for r in runs if store.set_run_state(r.id, "cancelled", "cancelled by the user", only_from=CANCELLABLE)
-    ]
+    cancelled = [r for r in runs if r.state in CANCELLABLE]
+    if not cancelled:
+        return []
+    ids = [r.id for r in cancelled]
+    store.set_runs_state(ids, "cancelled", only_from=CANCELLABLE, reason="cancelled by the user")
+    latest = store.latest_attempts(cancelled[0].sweep)
     slurm_jobs = []
-    for run in cancelled:
-        attempts = store.attempts(run.id)
-        if not attempts:
-            continue
-        attempt = attempts[-1]
+    for attempt in (latest[i] for i in ids if i in latest):
         if attempt.state == "queued":
             store.end_attempt(attempt.id, "cancelled", "cancelled before it started")
         elif attempt.executor == "slurm" and attempt.job_id:
@@ -36,7 +35,7 @@ def cancel(store: Store, target: str) -> list[str]:
         from launcher import slurm
 
         slurm.cancel_jobs(slurm_jobs)
-    return [r.id for r in cancelled]
+    return ids
 
 
 def _terminate(pid: int | None) -> None:
