@@ -1,0 +1,1 @@
+"""Generation and training engines behind two narrow interfaces (see `recipe.engines.base`)."""

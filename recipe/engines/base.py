@@ -1,0 +1,119 @@
+"""The two interfaces every engine implements: a generator and a trainer.
+
+A *generator* samples completions with the behaviour log-prob of every sampled token and loads new
+weights; a *trainer* takes one optimizer step on a batch and exports its weights. The run's roles
+(`recipe.roles`) are the only places that know which engine sits behind them; the step algorithm in
+`recipe.train` speaks only these interfaces.
+
+Policy versions: version v = the weights after v optimizer steps. A generator records, per sample,
+the version its first token and its last token were generated with (`version_start`,
+`version_end`); with in-flight weight updates (PipelineRL) they differ.
+
+Behaviour log-probs are the *processed* log-probs: log softmax of the fp32 logits divided by the
+temperature (no top-p/top-k here), the same quantity the trainer computes, so the importance ratio
+is 1 up to numerics when the weights agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completion of one prompt."""
+
+    token_ids: tuple[int, ...]
+    """The completion's tokens, EOS included when it finished."""
+    logprobs: tuple[float, ...]
+    """Behaviour (processed) log-prob of each token, one per token."""
+    finished: bool
+    """True where it ended with EOS; False where the generation cap cut it."""
+    version_start: int
+    """Policy version that generated the first token."""
+    version_end: int
+    """Policy version that generated the last token."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """`num_samples` completions of one prompt, as a generator hands them to the trainers."""
+
+    group_id: str
+    prompt_ids: tuple[int, ...]
+    samples: tuple[Sample, ...]
+
+
+class Generator(Protocol):
+    """Samples with log-probs; loads weights. Used blocking (alternating mode) or streaming."""
+
+    version: int
+    """The policy version of the weights it holds now."""
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        num_samples: int,
+        max_new_tokens: int,
+        seed: int,
+        greedy: bool = False,
+    ) -> list[list[Sample]]:
+        """Blocking: `num_samples` completions for every prompt, in prompt order."""
+        ...
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
+        """In-process weight load (the generator and the trainer share a process)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class StreamingGenerator(Generator, Protocol):
+    """A generator rank's engine under PipelineRL: requests stream while weights are pushed."""
+
+    def submit(self, group_id: str, prompt: Sequence[int], *, num_samples: int, max_new_tokens: int, seed: int) -> None:
+        """Start a group; it continues across weight pushes."""
+        ...
+
+    def poll(self, timeout_s: float) -> list[Group]:
+        """Groups finished since the last poll (waits at most `timeout_s` for the first)."""
+        ...
+
+    def receive_weights(self, version: int) -> None:
+        """Join trainer rank 0's broadcast of the new weights: pause in-flight requests (keep their
+        state), load, resume them on the new weights. Collective with `WeightSender.push`."""
+        ...
+
+    def drop_in_flight(self) -> None:
+        """Abort every running request (preemption: the trainer's checkpoint is the truth)."""
+        ...
+
+
+class WeightSender(Protocol):
+    """Trainer rank 0's side of the weight push to the generator ranks."""
+
+    def push(self, weights: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Trainer(Protocol):
+    """One optimizer step on a batch; weights out for the push; state for checkpoints."""
+
+    def step(self, batch: Any, *, lr: float) -> dict[str, float]:
+        """Loss (aggregated over whole-batch counts, whatever the split across ranks), backward,
+        clip, optimizer step; returns the step's metrics (identical on every trainer rank)."""
+        ...
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full weights, on trainer rank 0 (gathered if sharded), for the push."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
