@@ -48,6 +48,16 @@ class Group:
     samples: tuple[Sample, ...]
 
 
+WeightMeta = tuple[tuple[str, str, tuple[int, ...]], ...]
+"""(name, dtype name, shape) of every tensor of one push, in the order they are sent.
+
+The push's wire contract (`recipe.engines.weights`): trainer rank 0 is rank 0 of a weight group
+whose generator i is rank 1 + i (its `rank_offset`); it sends the `WeightMeta` to the generators
+over the control channel, then broadcasts the tensors one by one in that order from rank 0. The
+group is gloo on CPU and NCCL on GPU, created outside the trainers' own process group.
+"""
+
+
 class Generator(Protocol):
     """Samples with log-probs; loads weights. Used blocking (alternating mode) or streaming."""
 
@@ -84,7 +94,7 @@ class StreamingGenerator(Generator, Protocol):
         """Groups finished since the last poll (waits at most `timeout_s` for the first)."""
         ...
 
-    def receive_weights(self, version: int) -> None:
+    def receive_weights(self, version: int, meta: WeightMeta) -> None:
         """Join trainer rank 0's broadcast of the new weights: pause in-flight requests (keep their
         state), load, resume them on the new weights. Collective with `WeightSender.push`."""
         ...
@@ -97,7 +107,9 @@ class StreamingGenerator(Generator, Protocol):
 class WeightSender(Protocol):
     """Trainer rank 0's side of the weight push to the generator ranks."""
 
-    def push(self, weights: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None: ...
+    def push(self, weights: Sequence[tuple[str, torch.Tensor]], *, version: int) -> None:
+        """Broadcast the tensors in order (the generators were sent their `WeightMeta` first)."""
+        ...
 
     def close(self) -> None: ...
 
