@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# dev-services.sh: every service the test suite uses, on this machine, in one command.
+#
+#   bash slurm/dev-services.sh [up]     install what is missing and start it; idempotent
+#   bash slurm/dev-services.sh status   one line per service; exit 0 when all are up, 3 otherwise
+#
+# Services: the one-node Slurm cluster with accounting (slurm/dev-cluster.sh), PostgreSQL on
+# 127.0.0.1:5432 (trust auth for local connections; the store tests create and drop their own
+# database), and Debian's headless chromium (the HTML report's browser test drives it through
+# Playwright; `playwright install` is never used). Run as root on Debian 12 without systemd.
+
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { echo "[dev-services] $*"; }
+
+apt_install() {
+    # apt-get update only when something is missing: the lists may be absent on a fresh machine.
+    if [ ! -f /var/lib/apt/lists/lock ] || [ -z "$(ls /var/lib/apt/lists/ 2>/dev/null | grep -v -e lock -e partial)" ]; then
+        apt-get update -qq
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" \
+        || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"; }
+}
+
+postgres_up() {
+    if pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+        return
+    fi
+    command -v pg_ctlcluster >/dev/null || apt_install postgresql
+    local version
+    version="$(ls /etc/postgresql | sort -V | tail -1)"
+    pg_ctlcluster --skip-systemctl-redirect "$version" main start
+    for _ in $(seq 30); do
+        pg_isready -q -h 127.0.0.1 -p 5432 && return
+        sleep 1
+    done
+    log "PostgreSQL did not become ready; log: /var/log/postgresql/postgresql-$version-main.log"
+    tail -n 25 "/var/log/postgresql/postgresql-$version-main.log" >&2 || true
+    exit 1
+}
+
+chromium_up() {
+    [ -x /usr/bin/chromium ] || apt_install chromium
+    /usr/bin/chromium --version >/dev/null 2>&1
+}
+
+status() {
+    local rc=0
+    if pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then log "postgresql: up"; else log "postgresql: down"; rc=3; fi
+    if [ -x /usr/bin/chromium ]; then log "chromium: $(/usr/bin/chromium --version 2>/dev/null)"; else log "chromium: missing"; rc=3; fi
+    if bash slurm/dev-cluster.sh status >/dev/null 2>&1; then log "slurm: up"; else log "slurm: down"; rc=3; fi
+    return $rc
+}
+
+case "${1:-up}" in
+    up)
+        postgres_up
+        chromium_up
+        bash slurm/dev-cluster.sh up
+        status
+        ;;
+    status) status ;;
+    *) echo "usage: $0 [up|status]" >&2; exit 2 ;;
+esac
