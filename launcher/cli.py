@@ -19,7 +19,7 @@ from launcher.importer import IMPORT_COMPUTE_AXES, IMPORT_FORMATS, import_curves
 from launcher.launch import EXECUTORS, LaunchError, default_executor, launch
 from launcher.slurm import SlurmError
 from launcher.status import all_ended, collect, summary
-from store import Store, StoreError
+from store import TERMINAL_STATES, NotFoundError, Store, StoreError
 
 F = TypeVar("F", bound=Callable[..., Any])
 COMPUTE_AXES = ("flops", "gpu_hours", "tokens", "device_seconds", "step")
@@ -41,10 +41,8 @@ def _errors(func: F) -> F:
             return func(*args, **kwargs)
         except GridError as exc:
             _fail(str(exc), 2)
-        except (StoreError, LaunchError, SlurmError) as exc:
+        except (StoreError, LaunchError, SlurmError) as exc:  # NotFoundError is a StoreError
             _fail(str(exc))
-        except KeyError as exc:
-            _fail(str(exc.args[0]) if exc.args else str(exc))
 
     return wrapper  # type: ignore[return-value]
 
@@ -57,14 +55,14 @@ def _sweep_name(store: Store, name: str | None) -> str:
     if name:
         if store.get_sweep(name) is None:
             names = [s.name for s in store.list_sweeps()]
-            raise KeyError(f"no sweep named {name!r} in {store.display_url}; sweeps: {', '.join(names) or 'none'}")
+            raise NotFoundError(f"no sweep named {name!r} in {store.display_url}; sweeps: {', '.join(names) or 'none'}")
         return name
     sweeps = store.list_sweeps()
     if len(sweeps) == 1:
         return sweeps[0].name
     if not sweeps:
-        raise KeyError(f"no sweeps in {store.display_url}; start one with `sweep launch GRID.yaml`")
-    raise KeyError(f"several sweeps in {store.display_url}; name one of: {', '.join(s.name for s in sweeps)}")
+        raise NotFoundError(f"no sweeps in {store.display_url}; start one with `sweep launch GRID.yaml`")
+    raise NotFoundError(f"several sweeps in {store.display_url}; name one of: {', '.join(s.name for s in sweeps)}")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -209,10 +207,10 @@ def logs_cmd(ctx: click.Context, run: str, which: str, follow: bool) -> None:
     record = store.get_run(run)
     attempts = store.attempts(record.id)
     if not attempts:
-        raise KeyError(f"run {record.id} has not been submitted yet")
+        raise NotFoundError(f"run {record.id} has not been submitted yet")
     path = getattr(attempts[-1], f"{which}_path")
     if not path or not Path(path).exists():
-        raise KeyError(
+        raise NotFoundError(
             f"run {record.id}, attempt {attempts[-1].number}: no {which} log yet (expected at {path or 'unknown'})"
         )
     _print_file(Path(path), follow=follow)
@@ -380,7 +378,7 @@ def _watch(store: Store, sweep: str, *, until_done: bool, compute: str | None = 
         with Live(console=out, auto_refresh=False) as live:
             while True:
                 rows = collect(store, sweep)
-                done = sum(r.run.state in ("completed", "failed", "cancelled", "timeout") for r in rows)
+                done = sum(r.run.state in TERMINAL_STATES for r in rows)
                 table = render.status_table(sweep, rows, compute=compute or _compute_axis(rows))
                 table.caption = f"{done}/{len(rows)} runs ended · {_summary_line(rows)}"
                 live.update(table, refresh=True)

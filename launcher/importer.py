@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.grid import NAME_RE
-from store import RUN_STATES, NewRun, Store
+from store import RUN_STATES, AttemptState, NewRun, RunState, Store
 
 IMPORT_COMPUTE_AXES = ("gpu_hours", "flops", "tokens", "device_seconds")
 IMPORT_FORMATS = ("csv", "jsonl")
@@ -360,9 +360,9 @@ def _write(store: Store, path: Path, sweep: str, compute_axis: str, runs: Sequen
         store.add_eval_points(rid, run.points)
         store.set_run_step(rid, max(point["step"] for point in run.points))
         if rid in new:
-            store.add_attempt(rid, EXECUTOR, state="completed", started_at=now, ended_at=now)
+            store.add_attempt(rid, EXECUTOR, state=AttemptState.COMPLETED, started_at=now, ended_at=now)
     ids = [run.id(sweep) for run in runs]
-    store.set_runs_state(ids, "completed", only_from=RUN_STATES, reason=f"imported from {path.name}")
+    store.set_runs_state(ids, RunState.COMPLETED, only_from=RUN_STATES, reason=f"imported from {path.name}")
     return ImportResult(
         sweep=sweep,
         compute_axis=compute_axis,

@@ -17,7 +17,7 @@ from pathlib import Path
 from launcher import local
 from launcher.grid import RunPlan, SweepSpec
 from recipe.config import write_run_files
-from store import NewRun, RunRecord, Store
+from store import RETRYABLE_STATES, AttemptState, NewRun, RunRecord, RunState, Store
 
 EXECUTORS = ("slurm", "local", "debug")
 
@@ -76,13 +76,13 @@ def launch(
         [NewRun(p.id, p.position, p.config.to_dict(), p.axes, p.budget, str(sweep_dir / p.id)) for p in fresh],
     )
 
-    from_states = ["registered"] + (["failed", "cancelled", "timeout"] if retry_failed else [])
+    from_states = [RunState.REGISTERED, *(RETRYABLE_STATES if retry_failed else ())]
     wanted = [p.id for p in plans if p.id not in known or known[p.id].state in from_states]
     token = uuid.uuid4().hex
-    claimed = store.claim_runs(wanted, from_states, token) + store.claim_runs(extended, ["completed"], token)
+    claimed = store.claim_runs(wanted, from_states, token) + store.claim_runs(extended, [RunState.COMPLETED], token)
     submitted: list[str] = []
     if claimed:
-        runs = [r for r in store.runs(spec.name, states=["submitting"]) if r.id in set(claimed)]
+        runs = [r for r in store.runs(spec.name, states=[RunState.SUBMITTING]) if r.id in set(claimed)]
         submitted = _submit(store, runs, executor, max_parallel=max_parallel)
     elif executor == "local":
         local.ensure_scheduler(store, max_parallel=max_parallel)
@@ -100,7 +100,7 @@ def _update_budgets(store: Store, sweep: str, plans: Sequence[RunPlan], known: d
             continue
         store.set_run_budget(run.id, plan.budget, plan.config.to_dict())
         write_run_files(run.run_dir, run_id=run.id, sweep=sweep, db_url=store.url, config=plan.config)
-        if run.state == "completed":
+        if run.state == RunState.COMPLETED:
             extended.append(run.id)
     return extended
 
@@ -118,7 +118,8 @@ def _submit(store: Store, runs: list[RunRecord], executor: str, *, max_parallel:
             return slurm.submit(store, runs)
     except Exception as exc:  # nothing stays claimed by a launch that failed
         ids = [r.id for r in runs]
-        store.set_runs_state(ids, "registered", only_from=["submitting"], reason=f"submission failed: {exc}")
+        reason = f"submission failed: {exc}"
+        store.set_runs_state(ids, RunState.REGISTERED, only_from=[RunState.SUBMITTING], reason=reason)
         raise LaunchError(f"submitting {len(runs)} runs with the {executor} executor failed: {exc}") from exc
     return [r.id for r in runs]
 
@@ -128,6 +129,6 @@ def _run_in_process(store: Store, runs: list[RunRecord]) -> None:
     from launcher.job import run_recipe
 
     for run in runs:
-        store.add_attempt(run.id, "debug", state="queued")
-        store.set_run_state(run.id, "queued")
+        store.add_attempt(run.id, "debug", state=AttemptState.QUEUED)
+        store.set_run_state(run.id, RunState.QUEUED)
         run_recipe(run.run_dir)

@@ -23,7 +23,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from store import AttemptRecord, RunRecord, Store
+from store import AttemptRecord, AttemptState, RunRecord, RunState, Store
 
 EXECUTOR = "local"
 JOB_TIMEOUT_MIN = 7 * 24 * 60  # submitit's local default is 2 minutes
@@ -46,7 +46,7 @@ def default_parallelism() -> int:
 
 def submit(store: Store, runs: Sequence[RunRecord], *, max_parallel: int | None = None) -> None:
     """Queue the runs and make sure a scheduler will start them."""
-    store.record_submissions(EXECUTOR, [{"run_id": run.id} for run in runs], "queued")
+    store.record_submissions(EXECUTOR, [{"run_id": run.id} for run in runs], RunState.QUEUED)
     ensure_scheduler(store, max_parallel=max_parallel)
 
 
@@ -118,7 +118,7 @@ def _start(store: Store, attempt: AttemptRecord) -> Slot:
     job = executor.submit(run_recipe, run.run_dir)
     store.update_attempt(
         attempt.id,
-        state="pending",
+        state=AttemptState.PENDING,
         job_id=str(job.job_id),
         stdout_path=str(job.paths.stdout),
         stderr_path=str(job.paths.stderr),
@@ -151,7 +151,7 @@ def _record_end(store: Store, slot: Slot) -> None:
         except Exception as exc:  # noqa: BLE001 - any failure of the job is reported, not raised
             cause = _failure_cause(exc)
     reason = f"{cause} (log: {slot.job.paths.stderr})"
-    state = "cancelled" if store.get_run(run_id).state == "cancelled" else "failed"
+    state = RunState.CANCELLED if store.get_run(run_id).state == RunState.CANCELLED else RunState.FAILED
     if store.settle_attempt(slot.attempt.id, state, reason):
         print(f"run {run_id} {state}: {reason}", flush=True)
 

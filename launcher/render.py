@@ -12,19 +12,20 @@ from rich.table import Table
 
 from launcher.grid import RunPlan
 from launcher.status import StatusRow
+from store import FAILED_STATES, RunState
 
 PIPE_WIDTH = 160
 STATE_STYLE = {
-    "completed": "green",
-    "running": "cyan",
-    "failed": "bold red",
-    "cancelled": "yellow",
-    "timeout": "red",
-    "preempted": "magenta",
-    "queued": "blue",
-    "pending": "blue",
-    "submitting": "blue",
-    "registered": "dim",
+    RunState.COMPLETED: "green",
+    RunState.RUNNING: "cyan",
+    RunState.FAILED: "bold red",
+    RunState.CANCELLED: "yellow",
+    RunState.TIMEOUT: "red",
+    RunState.PREEMPTED: "magenta",
+    RunState.QUEUED: "blue",
+    RunState.PENDING: "blue",
+    RunState.SUBMITTING: "blue",
+    RunState.REGISTERED: "dim",
 }
 
 
@@ -85,7 +86,7 @@ def failures(rows: Sequence[StatusRow]) -> list[str]:
     """One line per failed/timed-out run: its reason and where its log is."""
     lines = []
     for row in rows:
-        if row.run.state in ("failed", "timeout") and row.run.state_reason:
+        if row.run.state in FAILED_STATES and row.run.state_reason:
             lines.append(f"{row.run.id}: {row.run.state_reason}")
     return lines
 

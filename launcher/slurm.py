@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.grid import RunPlan, SweepSpec
-from store import ACTIVE_STATES, RunRecord, Store
+from store import ACTIVE_STATES, RunRecord, RunState, Store
 
 EXECUTOR = "slurm"
 SLURM_TIMEOUT_S = 60
@@ -172,7 +172,8 @@ def submit(store: Store, runs: Sequence[RunRecord]) -> list[str]:
     now, later = list(runs[:room]), list(runs[room:])
     if later:
         reason = f"waiting: MaxSubmitJobs={limits.max_submit_jobs} reached"
-        store.set_runs_state([r.id for r in later], "registered", only_from=["submitting"], reason=reason)
+        held = [r.id for r in later]
+        store.set_runs_state(held, RunState.REGISTERED, only_from=[RunState.SUBMITTING], reason=reason)
 
     params = sweep.spec["resources"]
     folder = _log_folder(Path(sweep.root_dir))
@@ -183,7 +184,7 @@ def submit(store: Store, runs: Sequence[RunRecord]) -> list[str]:
         executor = _executor(folder, params, sweep.name)
         with executor.batch():
             jobs = [executor.submit(run_recipe, run.run_dir) for run in chunk]
-        store.record_submissions(EXECUTOR, [_submission(run, job) for run, job in zip(chunk, jobs)], "pending")
+        store.record_submissions(EXECUTOR, [_submission(run, job) for run, job in zip(chunk, jobs)], RunState.PENDING)
     return [r.id for r in now]
 
 
@@ -203,11 +204,11 @@ def submit_waiting(store: Store, sweep: str) -> list[str]:
     """Runs left `registered` by a submit limit go out now if there is room."""
     import uuid
 
-    waiting = [r for r in store.runs(sweep, states=["registered"]) if (r.state_reason or "").startswith("waiting")]
+    waiting = [r for r in store.runs(sweep, states=[RunState.REGISTERED]) if (r.state_reason or "").startswith("waiting")]
     if not waiting:
         return []
     token = uuid.uuid4().hex
-    claimed = set(store.claim_runs([r.id for r in waiting], ["registered"], token))
+    claimed = set(store.claim_runs([r.id for r in waiting], [RunState.REGISTERED], token))
     return submit(store, [r for r in waiting if r.id in claimed])
 
 
@@ -216,25 +217,25 @@ def submit_waiting(store: Store, sweep: str) -> list[str]:
 
 
 # sacct/squeue state -> our run state
-STATE_MAP = {
-    "PENDING": "pending",
-    "CONFIGURING": "pending",
-    "REQUEUED": "preempted",
-    "REQUEUE_HOLD": "preempted",
-    "REQUEUE_FED": "preempted",
-    "RESIZING": "running",
-    "RUNNING": "running",
-    "COMPLETING": "running",
-    "SUSPENDED": "pending",
-    "PREEMPTED": "preempted",
-    "COMPLETED": "completed",
-    "CANCELLED": "cancelled",
-    "TIMEOUT": "timeout",
-    "FAILED": "failed",
-    "NODE_FAIL": "failed",
-    "OUT_OF_MEMORY": "failed",
-    "BOOT_FAIL": "failed",
-    "DEADLINE": "timeout",
+STATE_MAP: dict[str, RunState] = {
+    "PENDING": RunState.PENDING,
+    "CONFIGURING": RunState.PENDING,
+    "REQUEUED": RunState.PREEMPTED,
+    "REQUEUE_HOLD": RunState.PREEMPTED,
+    "REQUEUE_FED": RunState.PREEMPTED,
+    "RESIZING": RunState.RUNNING,
+    "RUNNING": RunState.RUNNING,
+    "COMPLETING": RunState.RUNNING,
+    "SUSPENDED": RunState.PENDING,
+    "PREEMPTED": RunState.PREEMPTED,
+    "COMPLETED": RunState.COMPLETED,
+    "CANCELLED": RunState.CANCELLED,
+    "TIMEOUT": RunState.TIMEOUT,
+    "FAILED": RunState.FAILED,
+    "NODE_FAIL": RunState.FAILED,
+    "OUT_OF_MEMORY": RunState.FAILED,
+    "BOOT_FAIL": RunState.FAILED,
+    "DEADLINE": RunState.TIMEOUT,
 }
 
 
@@ -345,13 +346,13 @@ def reconcile(store: Store, sweep: str) -> str:
                     f"Slurm job {attempt.job_id} left the queue without reporting an end (accounting is off, so "
                     f"the cause is unknown) (log: {attempt.stderr_path})"
                 )
-                outcomes.append((attempt.id, "failed", reason, {}))
+                outcomes.append((attempt.id, RunState.FAILED, reason, {}))
             continue
-        state = STATE_MAP.get(info.state, "failed")
-        if state in ("pending", "running", "preempted"):
+        state = STATE_MAP.get(info.state, RunState.FAILED)
+        if state in (RunState.PENDING, RunState.RUNNING, RunState.PREEMPTED):
             if run.state != state:
                 moves.setdefault(state, []).append(run.id)
-        elif run.state != "completed":  # the recipe records its own completion; the rest is Slurm's word
+        elif run.state != RunState.COMPLETED:  # the recipe records its own completion; the rest is Slurm's word
             outcomes.append(
                 (attempt.id, *_ended(info, attempt.stderr_path, state), {"ended_at": info.end, "node": info.node})
             )
@@ -365,8 +366,8 @@ def reconcile(store: Store, sweep: str) -> str:
 
 def _ended(info: JobInfo, log_path: str | None, state: str) -> tuple[str, str]:
     """(run state, reason) of a job that has ended without the run completing."""
-    if state == "completed":  # the job exited cleanly without finishing the run
-        return "failed", f"Slurm job {info.job_id} ended without completing the run (log: {log_path})"
+    if state == RunState.COMPLETED:  # the job exited cleanly without finishing the run
+        return RunState.FAILED, f"Slurm job {info.job_id} ended without completing the run (log: {log_path})"
     return state, f"Slurm job {info.job_id}: {_describe(info)} (log: {log_path})"
 
 

@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher import local
-from store import AttemptRecord, EvalRecord, RunRecord, Store
-
-TERMINAL_STATES = ("completed", "failed", "cancelled", "timeout")
+from store import TERMINAL_STATES, AttemptRecord, AttemptState, EvalRecord, RunRecord, RunState, Store
 
 
 @dataclass(frozen=True)
@@ -69,10 +67,10 @@ def reconcile_local(store: Store, sweep: str) -> None:
     """Fail running local attempts whose process died unseen (e.g. the scheduler was killed too)."""
     host = socket.gethostname()
     for attempt in store.active_attempts(local.EXECUTOR, sweep):
-        if attempt.state != "running" or attempt.node != host or attempt.pid is None or _alive(attempt.pid):
+        if attempt.state != AttemptState.RUNNING or attempt.node != host or attempt.pid is None or _alive(attempt.pid):
             continue
         reason = f"process {attempt.pid} is gone without reporting an end (killed?) (log: {attempt.stderr_path})"
-        store.settle_attempt(attempt.id, "failed", reason)
+        store.settle_attempt(attempt.id, RunState.FAILED, reason)
     local.ensure_scheduler(store)
 
 
@@ -99,4 +97,4 @@ def summary(rows: list[StatusRow]) -> dict[str, int]:
 
 
 def all_ended(rows: list[StatusRow]) -> bool:
-    return all(r.run.state in TERMINAL_STATES or r.run.state == "registered" for r in rows)
+    return all(r.run.state in TERMINAL_STATES or r.run.state == RunState.REGISTERED for r in rows)

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from recipe.config import read_run_files
 from recipe.storesink import StoreSink
-from store import Store, StoreError
+from store import AttemptState, RunState, Store, StoreError
 
 log = logging.getLogger("recipe")
 T = TypeVar("T")
@@ -60,7 +60,7 @@ class StopFlag:
         self.signum = signum
 
 
-def main(run_dir: str | Path) -> str:
+def main(run_dir: str | Path) -> RunState:
     """Run one attempt of the run in `run_dir`; return its final state."""
     _setup_logging()
     stop = StopFlag()
@@ -82,30 +82,33 @@ def main(run_dir: str | Path) -> str:
     except Exception as exc:
         reason = f"{type(exc).__name__}: {exc} (log: {attempt.stderr_path or 'the job stderr'})"
         _flush(sink)
-        retry(lambda: store.settle_attempt(attempt.id, "failed", reason), "recording the failure")
+        retry(lambda: store.settle_attempt(attempt.id, RunState.FAILED, reason), "recording the failure")
         raise
     _flush(sink)
-    if outcome.state == "completed":
-        retry(lambda: store.settle_attempt(attempt.id, "completed", None), "recording the completion")
-        return "completed"
+    if outcome.state == "completed":  # the loop's word (TrainOutcome), not a store state
+        retry(lambda: store.settle_attempt(attempt.id, RunState.COMPLETED, None), "recording the completion")
+        return RunState.COMPLETED
     return _stopped(store, run_id, attempt.id, stop.signum, outcome.final_step)
 
 
-def _stopped(store: Store, run_id: str, attempt_id: int, signum: int | None, step: int) -> str:
+def _stopped(store: Store, run_id: str, attempt_id: int, signum: int | None, step: int) -> RunState:
     """The loop stopped on a signal after writing a checkpoint at `step`."""
     name = signal.Signals(signum).name if signum else "a stop request"
-    if retry(lambda: store.get_run(run_id).state, "reading the run") == "cancelled":
-        retry(lambda: store.end_attempt(attempt_id, "cancelled", f"cancelled at step {step}"), "recording the cancel")
-        return "cancelled"
+    if retry(lambda: store.get_run(run_id).state, "reading the run") == RunState.CANCELLED:
+        retry(
+            lambda: store.end_attempt(attempt_id, AttemptState.CANCELLED, f"cancelled at step {step}"),
+            "recording the cancel",
+        )
+        return RunState.CANCELLED
     if signum == signal.SIGUSR2 and os.environ.get("SLURM_JOB_ID"):
         job = _slurm_job_id()
         subprocess.run(["scontrol", "requeue", job], check=True, timeout=60)
         reason = f"{name} at step {step} (time limit or preemption): checkpointed, requeued job {job}"
-        retry(lambda: store.settle_attempt(attempt_id, "preempted", reason), "recording the requeue")
+        retry(lambda: store.settle_attempt(attempt_id, RunState.PREEMPTED, reason), "recording the requeue")
         log.info("%s", reason)
-        return "preempted"
+        return RunState.PREEMPTED
     reason = f"stopped by {name} at step {step}; checkpoint written"
-    state = "preempted" if os.environ.get("SLURM_JOB_ID") else "cancelled"  # Slurm's word comes later
+    state = RunState.PREEMPTED if os.environ.get("SLURM_JOB_ID") else RunState.CANCELLED  # Slurm's word comes later
     retry(lambda: store.settle_attempt(attempt_id, state, reason), "recording the stop")
     return state
 

@@ -24,29 +24,29 @@ from sqlalchemy.orm import Session
 
 from store import migrate
 from store.models import Attempt, Checkpoint, EvalPoint, Run, Sweep, TrainMetric, utcnow
+from store.states import (
+    ACTIVE_STATES,
+    OPEN_ATTEMPT_STATES,
+    RUN_STATES,
+    UNSTARTED_ATTEMPT_STATES,
+    AttemptState,
+    RunState,
+)
 
 DEFAULT_DB_FILE = "sweeps.db"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 
-# Run states. `registered`: in the store, never submitted. `submitting`: claimed by one launcher.
-RUN_STATES = (
-    "registered",
-    "submitting",
-    "queued",
-    "pending",
-    "running",
-    "completed",
-    "failed",
-    "cancelled",
-    "timeout",
-    "preempted",
-)
-ACTIVE_STATES = ("submitting", "queued", "pending", "running", "preempted")
-RETRYABLE_STATES = ("failed", "cancelled", "timeout")
-
-
 class StoreError(RuntimeError):
     """A database failure, with its cause and the (password-masked) URL."""
+
+
+class NotFoundError(StoreError):
+    """No sweep or run by that name, or a run id prefix that names several."""
+
+
+class SchemaError(StoreError):
+    """The database's schema is not the one this code knows: older (and this command does not
+    migrate) or newer (written by a newer scalesweep)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -72,7 +72,7 @@ class RunRecord:
     axes: dict[str, Any]
     budget: dict[str, Any]
     run_dir: str
-    state: str
+    state: RunState
     state_reason: str | None
     step: int
     updated_at: datetime
@@ -99,7 +99,7 @@ class AttemptRecord:
     array_index: int | None
     node: str | None
     pid: int | None
-    state: str
+    state: AttemptState
     exit_reason: str | None
     resumed_from_step: int | None
     stdout_path: str | None
@@ -259,7 +259,7 @@ class Store:
             sweep_id = _sweep_id(s, sweep)
             rows = [
                 {"id": r.id, "sweep_id": sweep_id, "position": r.position, "config": r.config, "axes": r.axes,
-                 "budget": r.budget, "run_dir": r.run_dir, "state": "registered", "step": 0}
+                 "budget": r.budget, "run_dir": r.run_dir, "state": RunState.REGISTERED, "step": 0}
                 for r in runs
             ]  # fmt: skip
             inserted: set[str] = set()
@@ -280,13 +280,13 @@ class Store:
             return [_run(r, name) for r, name in s.execute(query.order_by(Run.position))]
 
     def get_run(self, ref: str) -> RunRecord:
-        """A run by id or unique id prefix; KeyError names the problem."""
+        """A run by id or unique id prefix; NotFoundError names the problem."""
         with self._read(f"reading run {ref!r}") as s:
             rows = s.execute(select(Run, Sweep.name).join(Sweep).where(Run.id.startswith(ref)).limit(2)).all()
             if not rows:
-                raise KeyError(f"no run with id {ref!r} in {self.display_url}")
+                raise NotFoundError(f"no run with id {ref!r} in {self.display_url}")
             if len(rows) > 1:
-                raise KeyError(f"run id prefix {ref!r} is ambiguous; give more characters")
+                raise NotFoundError(f"run id prefix {ref!r} is ambiguous; give more characters")
             return _run(*rows[0])
 
     def claim_runs(self, run_ids: Sequence[str], from_states: Sequence[str], token: str) -> list[str]:
@@ -300,7 +300,7 @@ class Store:
             s.execute(
                 update(Run)
                 .where(Run.id.in_(run_ids), Run.state.in_(from_states))
-                .values(state="submitting", claim=token, state_reason=None)
+                .values(state=RunState.SUBMITTING, claim=token, state_reason=None)
             )
             return list(s.scalars(select(Run.id).where(Run.id.in_(run_ids), Run.claim == token)))
 
@@ -315,7 +315,7 @@ class Store:
             if only_from is not None:
                 query = query.where(Run.state.in_(only_from))
             values: dict[str, Any] = {"state": state, "state_reason": reason}
-            if state != "submitting":
+            if state != RunState.SUBMITTING:
                 values["claim"] = None
             return s.execute(query.values(**values)).rowcount > 0
 
@@ -340,7 +340,7 @@ class Store:
         now = utcnow()
         with self._write(f"starting an attempt of run {run_id}") as s:
             row = s.scalar(select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.number.desc()).limit(1))
-            if row is None or row.started_at is not None or row.state not in ("queued", "pending"):
+            if row is None or row.started_at is not None or row.state not in UNSTARTED_ATTEMPT_STATES:
                 number = (row.number if row else 0) + 1
                 carried = (
                     {
@@ -355,8 +355,10 @@ class Store:
             else:
                 for key, value in fields.items():
                     setattr(row, key, value)
-            row.state, row.started_at = "running", now
-            s.execute(update(Run).where(Run.id == run_id).values(state="running", state_reason=None, claim=None))
+            row.state, row.started_at = AttemptState.RUNNING, now
+            s.execute(
+                update(Run).where(Run.id == run_id).values(state=RunState.RUNNING, state_reason=None, claim=None)
+            )
             s.flush()
             return _attempt(row)
 
@@ -385,7 +387,7 @@ class Store:
                 if row is None:
                     continue
                 fields = dict(fields)
-                if row.state in ("queued", "pending", "running", "preempted"):
+                if row.state in OPEN_ATTEMPT_STATES:
                     row.state, row.exit_reason, row.ended_at = state, reason, fields.pop("ended_at", None) or utcnow()
                 for key, value in fields.items():
                     setattr(row, key, value)
@@ -429,7 +431,7 @@ class Store:
             for chunk in _chunks(ids):
                 s.execute(
                     update(Run)
-                    .where(Run.id.in_(chunk), Run.state == "submitting")
+                    .where(Run.id.in_(chunk), Run.state == RunState.SUBMITTING)
                     .values(state=run_state, state_reason=None, claim=None)
                 )
 
@@ -450,19 +452,23 @@ class Store:
             rows = s.scalars(
                 select(Attempt)
                 .join(Run)
-                .where(Attempt.executor == executor, Attempt.state == "queued", Run.state == "queued")
+                .where(
+                    Attempt.executor == executor,
+                    Attempt.state == AttemptState.QUEUED,
+                    Run.state == RunState.QUEUED,
+                )
                 .order_by(Attempt.submitted_at, Attempt.id)
                 .limit(limit)
             )
             return [_attempt(r) for r in rows]
 
     def active_attempts(self, executor: str, sweep: str | None = None) -> list[AttemptRecord]:
-        """Attempts of `executor` that are queued, pending or running (optionally of one sweep)."""
+        """Open attempts of `executor` (queued, pending, running; optionally of one sweep)."""
         with self._read(f"reading active {executor} attempts") as s:
             query = (
                 select(Attempt)
                 .join(Run)
-                .where(Attempt.executor == executor, Attempt.state.in_(("queued", "pending", "running")))
+                .where(Attempt.executor == executor, Attempt.state.in_(OPEN_ATTEMPT_STATES))
             )
             if sweep is not None:
                 query = query.join(Sweep).where(Sweep.name == sweep)
@@ -620,7 +626,7 @@ def _newest_per_run(s: Session, model: Any, order: Any, sweep: str) -> Any:
 def _sweep_id(s: Session, name: str) -> int:
     sweep_id = s.scalar(select(Sweep.id).where(Sweep.name == name))
     if sweep_id is None:
-        raise KeyError(f"no sweep named {name!r}")
+        raise NotFoundError(f"no sweep named {name!r}")
     return sweep_id
 
 
@@ -644,7 +650,7 @@ def _run(r: Run, sweep: str) -> RunRecord:
         r.axes,
         r.budget,
         r.run_dir,
-        r.state,
+        RunState(r.state),
         r.state_reason,
         r.step,
         _aware(r.updated_at),
@@ -655,6 +661,7 @@ def _attempt(r: Attempt) -> AttemptRecord:
     values = {f.name: getattr(r, f.name) for f in dataclasses.fields(AttemptRecord)}
     for key in ("submitted_at", "started_at", "ended_at"):
         values[key] = _aware(values[key])
+    values["state"] = AttemptState(values["state"])
     return AttemptRecord(**values)
 
 

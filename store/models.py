@@ -8,6 +8,8 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from store.states import AttemptState, RunState
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -39,7 +41,7 @@ class Run(Base):
     axes: Mapped[dict[str, Any]]  # the grid axis values that distinguish this run
     budget: Mapped[dict[str, Any]]
     run_dir: Mapped[str] = mapped_column(Text)
-    state: Mapped[str] = mapped_column(String(16), default="registered", index=True)
+    state: Mapped[str] = mapped_column(String(16), default=RunState.REGISTERED.value, index=True)
     state_reason: Mapped[str | None] = mapped_column(Text, default=None)
     step: Mapped[int] = mapped_column(Integer, default=0)  # newest step reported by the run
     claim: Mapped[str | None] = mapped_column(String(64), default=None)  # who is submitting it
@@ -62,7 +64,7 @@ class Attempt(Base):
     array_index: Mapped[int | None] = mapped_column(Integer, default=None)
     node: Mapped[str | None] = mapped_column(String(255), default=None)
     pid: Mapped[int | None] = mapped_column(Integer, default=None)
-    state: Mapped[str] = mapped_column(String(16), default="queued")
+    state: Mapped[str] = mapped_column(String(16), default=AttemptState.QUEUED.value)
     exit_reason: Mapped[str | None] = mapped_column(Text, default=None)
     resumed_from_step: Mapped[int | None] = mapped_column(Integer, default=None)
     stdout_path: Mapped[str | None] = mapped_column(Text, default=None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from store import NewRun, Store, StoreError, mask_url, resolve_url
+from store import NewRun, NotFoundError, Store, StoreError, mask_url, resolve_url
 
 
 def _point(step: int, pass_rate: float = 0.5) -> dict:
@@ -118,9 +118,9 @@ def test_checkpoints_and_train_metrics(db_url):
 def test_get_run_by_prefix(db_url):
     store = _store_with_runs(db_url)
     assert store.get_run("run2").id == "run2"
-    with pytest.raises(KeyError, match="ambiguous"):
+    with pytest.raises(NotFoundError, match="ambiguous"):
         store.get_run("run")
-    with pytest.raises(KeyError, match="no run with id 'zzz'"):
+    with pytest.raises(NotFoundError, match="no run with id 'zzz'"):
         store.get_run("zzz")
 
 
