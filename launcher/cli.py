@@ -19,7 +19,7 @@ from launcher.importer import IMPORT_COMPUTE_AXES, IMPORT_FORMATS, import_curves
 from launcher.launch import EXECUTORS, LaunchError, default_executor, launch
 from launcher.slurm import SlurmError
 from launcher.status import all_ended, collect, summary
-from store import TERMINAL_STATES, NotFoundError, Store, StoreError
+from store import TERMINAL_STATES, BadURLError, NotFoundError, Store, StoreError
 
 F = TypeVar("F", bound=Callable[..., Any])
 COMPUTE_AXES = ("flops", "gpu_hours", "tokens", "device_seconds", "step")
@@ -39,7 +39,7 @@ def _errors(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except GridError as exc:
+        except (GridError, BadURLError) as exc:
             _fail(str(exc), 2)
         except (StoreError, LaunchError, SlurmError) as exc:  # NotFoundError is a StoreError
             _fail(str(exc))
@@ -47,8 +47,10 @@ def _errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _store(ctx: click.Context) -> Store:
-    return Store(ctx.obj["db"])
+def _store(ctx: click.Context, *, create: bool = False) -> Store:
+    """The store named by --db. Only writing commands (launch, import) pass `create`: the others
+    never create a database or migrate one (store.Store)."""
+    return Store(ctx.obj["db"], create=create)
 
 
 def _sweep_name(store: Store, name: str | None) -> str:
@@ -137,7 +139,7 @@ def launch_cmd(
 
                 click.echo(f"\n# the sbatch script of the first array:\n{slurm.dry_run_script(spec, plans)}")
         return
-    store = _store(ctx)
+    store = _store(ctx, create=True)
     result = launch(
         store, spec, plans, executor=executor, root=root, retry_failed=retry_failed, max_parallel=max_parallel
     )
@@ -342,7 +344,7 @@ def import_cmd(ctx: click.Context, file: Path, sweep: str, compute_axis: str, fm
     hash of the sweep and run name: importing again updates, never duplicates. A bad row (each
     is named by line) means nothing is written.
     """
-    store = _store(ctx)
+    store = _store(ctx, create=True)
     try:
         result = import_curves(store, file, sweep, compute_axis=compute_axis, fmt=fmt)
     except ValueError as exc:  # ImportFileError included: every bad line, nothing written

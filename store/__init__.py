@@ -8,15 +8,14 @@ from store.api import (
     CheckpointRecord,
     EvalRecord,
     NewRun,
-    NotFoundError,
     RunRecord,
-    SchemaError,
     Store,
-    StoreError,
     SweepRecord,
     mask_url,
     resolve_url,
+    scrub,
 )
+from store.errors import BadURLError, NotFoundError, SchemaError, StoreError
 from store.states import (
     ACTIVE_STATES,
     ATTEMPT_STATES,
@@ -42,6 +41,7 @@ __all__ = [
     "TERMINAL_STATES",
     "UNSTARTED_ATTEMPT_STATES",
     "AttemptRecord",
+    "BadURLError",
     "AttemptState",
     "CheckpointRecord",
     "EvalRecord",
@@ -55,4 +55,5 @@ __all__ = [
     "SweepRecord",
     "mask_url",
     "resolve_url",
+    "scrub",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, delete, event, func, insert, select, update
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from store import migrate
+from store.errors import BadURLError, NotFoundError, StoreError
 from store.models import Attempt, Checkpoint, EvalPoint, Run, Sweep, TrainMetric, utcnow
 from store.states import (
     ACTIVE_STATES,
@@ -35,19 +37,6 @@ from store.states import (
 
 DEFAULT_DB_FILE = "sweeps.db"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
-
-class StoreError(RuntimeError):
-    """A database failure, with its cause and the (password-masked) URL."""
-
-
-class NotFoundError(StoreError):
-    """No sweep or run by that name, or a run id prefix that names several."""
-
-
-class SchemaError(StoreError):
-    """The database's schema is not the one this code knows: older (and this command does not
-    migrate) or newer (written by a newer scalesweep)."""
-
 
 # ---------------------------------------------------------------------------------------------
 # Records returned to callers
@@ -137,11 +126,18 @@ EVAL_FIELDS = ("step", "pass_rate", "flops", "tokens", "device_seconds", "gpu_ho
 # URLs
 
 
+URL_FORMS = "sqlite:///PATH or postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+DRIVERS = ("sqlite", "sqlite+pysqlite", "postgresql", "postgresql+psycopg")
+CONNECT_TIMEOUT_S = 10  # libpq waits forever on a port that accepts and never answers
+_SECRET_PARAM = re.compile(r"(?i)([?&;][^=&;?]*(?:pass|secret|token|key)[^=&;?]*=)([^&;]*)")
+
+
 def resolve_url(url: str | None = None) -> str:
     """`url`, else $SWEEP_DB, else a SQLite file in the working directory; relative SQLite paths
-    become absolute so that jobs started elsewhere write to the same file."""
+    become absolute so that jobs started elsewhere write to the same file. A URL this store cannot
+    use raises StoreError naming it (masked) and what is allowed."""
     url = url or os.environ.get("SWEEP_DB") or f"sqlite:///{DEFAULT_DB_FILE}"
-    parsed = make_url(url)
+    parsed = _parse_url(url)
     if parsed.get_backend_name() == "sqlite":
         db = parsed.database
         if db and db != ":memory:" and not db.startswith("file:"):
@@ -151,12 +147,66 @@ def resolve_url(url: str | None = None) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def mask_url(url: str) -> str:
-    """The URL with its password replaced by ***."""
+def _parse_url(url: str) -> URL:
+    shown = mask_url(url)
     try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL at all: show nothing that could be a secret
-        return "<unparseable database URL>"
+        parsed = make_url(url)
+    except ArgumentError:
+        raise BadURLError(f"bad database URL {shown!r}: not a URL; expected {URL_FORMS}") from None
+    except ValueError:  # the text would echo the URL's pieces: keep it out
+        raise BadURLError(f"bad database URL {shown!r}: its port is not a number; expected {URL_FORMS}") from None
+    if parsed.host and "@" in parsed.host:
+        raise BadURLError(f"bad database URL {shown!r}: its password holds an '@'; write it as %40")
+    if parsed.drivername not in DRIVERS:
+        raise BadURLError(
+            f"unsupported database URL scheme {parsed.drivername!r} in {shown!r}; allowed: {', '.join(DRIVERS)}"
+        )
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        raise BadURLError(f"bad port {parsed.port} in database URL {shown!r}; allowed: 1 to 65535")
+    if parsed.get_backend_name() == "sqlite" and not parsed.database:
+        raise BadURLError(f"database URL {shown!r} names no file; expected {URL_FORMS}")
+    return parsed
+
+
+def mask_url(url: str) -> str:
+    """The URL fit to print: password and secret-looking query parameters replaced by ***. What
+    does not parse cleanly (an unencoded '@' in a password) is masked up to its last '@'."""
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - not a URL: mask by hand, below
+        return _mask_raw(url)
+    if parsed.host and "@" in parsed.host:
+        return _mask_raw(url)
+    return _SECRET_PARAM.sub(r"\1***", parsed.render_as_string(hide_password=True))
+
+
+def _mask_raw(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "<unparseable database URL>" if "@" in url or ":" in url else _SECRET_PARAM.sub(r"\1***", url)
+    userinfo, at, host = rest.rpartition("@")
+    if at:
+        user, colon, _ = userinfo.partition(":")
+        rest = f"{user}{':***' if colon else ''}@{host}"
+    return _SECRET_PARAM.sub(r"\1***", f"{scheme}://{rest}")
+
+
+def url_secrets(url: str) -> list[str]:
+    """The strings of `url` that must never be printed: its password and secret query values."""
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001
+        return []
+    found = [parsed.password or ""]
+    found += [m.group(2) for m in _SECRET_PARAM.finditer(url)]
+    return sorted({str(v) for v in found if v}, key=len, reverse=True)
+
+
+def scrub(text: str, url: str) -> str:
+    """`text` with every secret of `url` replaced by ***."""
+    for secret in url_secrets(url):
+        text = text.replace(secret, "***")
+    return text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,30 +214,64 @@ def mask_url(url: str) -> str:
 
 
 class Store:
-    def __init__(self, url: str | None = None, *, migrate_schema: bool = True):
+    """The store at `url`. With `create` (writing commands and jobs) a missing SQLite file is
+    created and an older schema migrated; without it (read commands) nothing is created or
+    migrated: a missing store or a schema other than this code's is a StoreError saying what to
+    do. A schema newer than this code is refused either way."""
+
+    def __init__(self, url: str | None = None, *, create: bool = True):
         self.url = resolve_url(url)
         self.display_url = mask_url(self.url)
         self.is_sqlite = make_url(self.url).get_backend_name() == "sqlite"
-        self._engine = self._make_engine()
+        self._engine = self._make_engine(create)
         self._write_engine = self._engine.execution_options(sqlite_immediate=True)
         self._eval_upsert = _upsert_statement(self, EvalPoint, ("run_id", "step"), EVAL_FIELDS[1:])
-        if migrate_schema:
+        if create:
             with self._errors("migrating the schema"):
-                migrate.upgrade(self._engine, self.url)
+                migrate.upgrade(self._engine, self.url, self.display_url)
+        else:
+            with self._errors("reading the schema version"):
+                migrate.check(self._engine, self.display_url)
 
-    def _make_engine(self) -> Engine:
-        if not self.is_sqlite:
-            return create_engine(self.url, pool_pre_ping=True, pool_size=2, max_overflow=4)
+    def _make_engine(self, create: bool) -> Engine:
+        try:
+            if not self.is_sqlite:
+                return self._postgres_engine()
+            return self._sqlite_engine(create)
+        except (ArgumentError, ImportError) as exc:  # NoSuchModuleError is an ArgumentError
+            raise StoreError(f"cannot open {self.display_url}: {scrub(str(exc), self.url)}") from None
+
+    def _postgres_engine(self) -> Engine:
+        timeout = int(os.environ.get("SWEEP_DB_CONNECT_TIMEOUT_S", CONNECT_TIMEOUT_S))
+        connect_args = {} if "connect_timeout" in make_url(self.url).query else {"connect_timeout": timeout}
+        return create_engine(self.url, pool_pre_ping=True, pool_size=2, max_overflow=4, connect_args=connect_args)
+
+    def _sqlite_engine(self, create: bool) -> Engine:
+        url, read_only = self.url, False
         db = make_url(self.url).database
-        if db and db != ":memory:":
-            Path(db).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(self.url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        if db and db != ":memory:" and not db.startswith("file:"):
+            path = Path(db)
+            if create:
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise StoreError(f"cannot create the store {self.display_url}: {exc}") from None
+            elif not path.is_file():
+                raise NotFoundError(
+                    f"no store at {self.display_url} (no such file); `sweep launch` creates it, or pass --db"
+                )
+            if not create and not os.access(path.parent, os.W_OK):
+                # A directory we cannot write (read-only media, another user's results): SQLite
+                # cannot make its WAL index there, so read the file as it stands.
+                url, read_only = f"sqlite:///file:{path}?mode=ro&immutable=1&uri=true", True
+        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
             dbapi_conn.isolation_level = None  # we issue BEGIN ourselves, below
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
+            if not read_only:
+                cur.execute("PRAGMA journal_mode=WAL")
             cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA synchronous=NORMAL")
@@ -209,8 +293,10 @@ class Store:
     def _errors(self, what: str) -> Iterator[None]:
         try:
             yield
+        except OSError as exc:  # a lock file or directory the store could not make
+            raise StoreError(f"error while {what} ({self.display_url}): {scrub(str(exc), self.url)}") from exc
         except SQLAlchemyError as exc:
-            cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            cause = scrub(str(getattr(exc, "orig", None) or exc).strip().splitlines()[0], self.url)
             raise StoreError(f"database error while {what} ({self.display_url}): {cause}") from exc
 
     @contextmanager

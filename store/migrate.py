@@ -7,6 +7,7 @@ a lock file beside the database on SQLite), so exactly one process runs each mig
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -15,8 +16,11 @@ from filelock import FileLock
 from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy.engine import make_url
 
+from store.errors import SchemaError
+
 HEAD = "0001"  # keep in step with the newest file in store/migrations/versions
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+REVISION_FILE = re.compile(r"^(\d{4})_\w+\.py$")
 _PG_LOCK_KEY = 0x5CA1E5  # any constant shared by every scalesweep process
 
 
@@ -26,14 +30,40 @@ def current_revision(conn: Connection) -> str | None:
     return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
 
 
-def upgrade(engine: Engine, url: str) -> None:
-    """Bring the schema to HEAD; a no-op (one query) when it is there already."""
+def known_revisions() -> list[str]:
+    """The revisions this code can migrate from and to, oldest first (from the file names)."""
+    names = (p.name for p in (MIGRATIONS_DIR / "versions").iterdir())
+    return sorted(m.group(1) for name in names if (m := REVISION_FILE.match(name)))
+
+
+def check(engine: Engine, where: str) -> None:
+    """For commands that must not write: the schema is HEAD, or a SchemaError says what to do."""
     with engine.connect() as conn:
-        if current_revision(conn) == HEAD:
-            return
+        revision = current_revision(conn)
+    if revision == HEAD:
+        return
+    _refuse_unknown(revision, where)
+    if revision is None:
+        raise SchemaError(f"{where} holds no scalesweep store yet; `sweep launch` creates one")
+    raise SchemaError(
+        f"the store {where} has schema revision {revision}, older than this code's {HEAD}; "
+        "run a writing command once (`sweep launch`, `sweep import`) to migrate it"
+    )
+
+
+def upgrade(engine: Engine, url: str, where: str) -> None:
+    """Bring the schema to HEAD; a no-op (one query) when it is there already. A revision this
+    code does not know (written by a newer scalesweep) is refused, never migrated."""
+    with engine.connect() as conn:
+        revision = current_revision(conn)
+    if revision == HEAD:
+        return
+    _refuse_unknown(revision, where)
     with _exclusive(engine, url) as conn:
-        if current_revision(conn) == HEAD:  # another process migrated while we waited
+        revision = current_revision(conn)
+        if revision == HEAD:  # another process migrated while we waited
             return
+        _refuse_unknown(revision, where)
         from alembic import command
         from alembic.config import Config
 
@@ -42,6 +72,14 @@ def upgrade(engine: Engine, url: str) -> None:
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
         conn.commit()
+
+
+def _refuse_unknown(revision: str | None, where: str) -> None:
+    if revision is not None and revision not in known_revisions():
+        raise SchemaError(
+            f"the store {where} has schema revision {revision!r}, which this scalesweep does not know "
+            f"(it knows {', '.join(known_revisions())}): it was written by a newer version; upgrade scalesweep"
+        )
 
 
 @contextmanager
