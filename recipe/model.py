@@ -95,14 +95,25 @@ def matmul_param_count(model: PreTrainedModel) -> int:
     return sum(p.numel() for p in model.parameters() if p is not embedding)
 
 
-def completion_logprobs(model: PreTrainedModel, prompt_ids_BP: torch.Tensor, tokens_BT: torch.Tensor) -> torch.Tensor:
+def completion_logprobs(
+    model: PreTrainedModel,
+    prompt_ids_BP: torch.Tensor,
+    tokens_BT: torch.Tensor,
+    prompt_mask_BP: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Trainer-side log-prob of each completion token, with gradient.
 
     One forward over prompt + completion; the logits at positions P-1 .. P+T-2 predict the T
     completion tokens. Positions after a sequence's EOS hold padding; attention is causal, so
-    they change nothing before them.
+    they change nothing before them. Left-padded prompts come with `prompt_mask_BP` (see
+    `recipe.sampler.padding_inputs`).
     """
     num_new = tokens_BT.shape[1]
     input_ids = torch.cat([prompt_ids_BP, tokens_BT[:, :-1]], dim=1)
-    logits_BTV = model(input_ids=input_ids, logits_to_keep=num_new).logits.float()
+    padded = {}
+    if prompt_mask_BP is not None:
+        mask_BT = torch.cat([prompt_mask_BP, prompt_mask_BP.new_ones(tokens_BT.shape[0], num_new - 1)], dim=1)
+        attention_BT = mask_BT.long()
+        padded = {"attention_mask": attention_BT, "position_ids": (attention_BT.cumsum(dim=1) - 1).clamp(min=0)}
+    logits_BTV = model(input_ids=input_ids, logits_to_keep=num_new, **padded).logits.float()
     return torch.log_softmax(logits_BTV, dim=-1).gather(-1, tokens_BT[:, :, None]).squeeze(-1)

@@ -8,8 +8,10 @@ A KV cache, not full recomputation: measured on this machine (1 thread, the tiny
 prompts, 7 new tokens), 64 sequences take 19-21 ms with the cache and 40-47 ms without, 2,048
 sequences 0.2-0.27 s against 1.3-1.6 s.
 
-Prompts in one call must have the same length (sort6's always do), so no padding or attention
-mask is needed on the left; finished sequences are fed padding, which nothing reads.
+Prompts of one length (sort6's) need no attention mask. Prompts of different lengths (math-jsonl)
+come left-padded with `prompt_mask_BP`: padding is masked out and positions count real tokens
+only, so each row samples as it would alone. Finished sequences are fed padding, which nothing
+reads.
 """
 
 from __future__ import annotations
@@ -48,15 +50,18 @@ def sample(
     pad_id: int,
     generator: torch.Generator | None = None,
     greedy: bool = False,
+    prompt_mask_BP: torch.Tensor | None = None,
 ) -> Completions:
     """Complete every prompt until EOS or `max_new_tokens`, whichever comes first.
 
     greedy=True takes the most likely token instead of sampling (the warm-up's metric).
+    prompt_mask_BP marks the real tokens of left-padded prompts (None: no padding).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     cache = DynamicCache(config=model.config)
-    logits_BV = model(input_ids=prompt_ids_BP, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    padded = padding_inputs(prompt_mask_BP)
+    logits_BV = model(input_ids=prompt_ids_BP, cache=cache, use_cache=True, logits_to_keep=1, **padded).logits[:, -1]
     done_B = torch.zeros(prompt_ids_BP.shape[0], dtype=torch.bool)
     tokens, logps, alive = [], [], []
     for position in range(max_new_tokens):
@@ -73,13 +78,31 @@ def sample(
         done_B = done_B | (token_B == eos_id)
         if bool(done_B.all()) or position == max_new_tokens - 1:
             break
-        logits_BV = model(input_ids=token_B[:, None], cache=cache, use_cache=True).logits[:, -1]
+        padded = next_padding_inputs(padded)
+        logits_BV = model(input_ids=token_B[:, None], cache=cache, use_cache=True, **padded).logits[:, -1]
     return Completions(
         tokens_BT=torch.stack(tokens, dim=1),
         logp_BT=torch.stack(logps, dim=1),
         mask_BT=torch.stack(alive, dim=1),
         finished_B=done_B,
     )
+
+
+def padding_inputs(mask_BT: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The attention mask and position ids of left-padded rows ({} when nothing is padded)."""
+    if mask_BT is None:
+        return {}
+    attention_BT = mask_BT.long()
+    return {"attention_mask": attention_BT, "position_ids": (attention_BT.cumsum(dim=1) - 1).clamp(min=0)}
+
+
+def next_padding_inputs(padded: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`padding_inputs` for one more token appended to every row."""
+    if not padded:
+        return {}
+    previous_BT = padded["attention_mask"]
+    attention_BT = torch.cat([previous_BT, previous_BT.new_ones(len(previous_BT), 1)], dim=1)
+    return {"attention_mask": attention_BT, "position_ids": padded["position_ids"][:, -1:] + 1}
 
 
 def decode(tokenizer: PreTrainedTokenizerBase, completions: Completions) -> list[str]:

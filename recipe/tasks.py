@@ -8,16 +8,23 @@ sort6, the built-in task, asks for the six digits of two 3-digit numbers in asce
 Text is whitespace-separated symbols, one token each, so the word-level tokenizer built in
 `recipe.model` maps it one to one. The reward is 1 for an exact match (the EOS included) and 0
 otherwise; a wrong length, a missing EOS or a wrong digit all score 0.
+
+math-jsonl reads `{prompt, answer}` rows from JSONL files (`data.train`, `data.valid`; docs/math.md).
+Each prompt is a user message rendered with the model's own chat template, and generation starts
+inside an open thinking block; the reward is `recipe.math.score_math`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from recipe.config import DataConfig, NotAvailableError
+from recipe import math as math_check
+from recipe.config import ConfigError, DataConfig
 
 PAD = "<pad>"
 EOS = "</s>"
@@ -48,14 +55,125 @@ class Task:
     reward: Callable[[str, str], float]
     max_new_tokens: int
     """The task's own generation cap, applied below `length.max_new_tokens`."""
+    chat: bool = False
+    """Prompts are user messages, rendered with the model's chat template into an open thinking block."""
+    batch_reward: Callable[[list[str], list[str]], list[float]] | None = None
+    """Scores many (prompt, completion) pairs at once, where that is faster than `reward` one by one."""
+
+    def score(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]:
+        """The reward of each completion of the matching prompt."""
+        if self.batch_reward is not None:
+            return self.batch_reward(list(prompts), list(completions))
+        return [self.reward(p, c) for p, c in zip(prompts, completions)]
+
+    def encode(self, tokenizer: Any, prompts: Sequence[str]) -> tuple[Any, Any]:
+        """Prompt token ids B x P and their attention mask, or None for the mask when none is needed.
+
+        Prompts of different lengths are padded on the left, so every completion starts at the
+        same column; the mask marks the real tokens.
+        """
+        if not self.chat:
+            return tokenizer(list(prompts), return_tensors="pt").input_ids, None
+        texts = [render_chat_prompt(tokenizer, p) for p in prompts]
+        if tokenizer.pad_token_id is None:
+            # Many chat models ship without one; padding is masked out, so EOS serves (as in TRL).
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "left"
+        encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        mask = encoded.attention_mask.bool()
+        return encoded.input_ids, None if bool(mask.all()) else mask
 
 
 def load_task(data: DataConfig) -> Task:
     """The task named by `data.task`, with its train and held-out prompt sets."""
-    if data.task != "sort6":
-        raise NotAvailableError(f"data.task={data.task!r} is not available yet in this version; use data.task='sort6'")
+    if data.task == "math-jsonl":
+        return math_task(data)
     train, valid = sort6_prompt_sets(data.num_train_prompts, data.num_valid_prompts)
     return Task("sort6", train, valid, reward, SORT6_MAX_NEW_TOKENS)
+
+
+# ---------------------------------------------------------------------------------------------
+# math-jsonl
+
+MATH_MAX_NEW_TOKENS = 1 << 30
+"""math-jsonl has no cap of its own: `length.max_new_tokens` decides."""
+
+
+def math_task(data: DataConfig) -> Task:
+    """Prompts and gold answers from `data.train` and `data.valid` (see `math_split`)."""
+    train_rows, valid_rows = math_split(data)
+    answers: dict[str, str] = {}
+    for row in (*valid_rows, *train_rows):
+        if answers.setdefault(row.prompt, row.answer) != row.answer:
+            raise ConfigError(
+                "data.train", f"{data.train}:{row.line}: the prompt is in data.valid with another answer"
+            )
+
+    def one(prompt: str, completion: str) -> float:
+        return math_check.score_math(math_check.THINK_OPEN + completion, answers[prompt])
+
+    def batch(prompts: list[str], completions: list[str]) -> list[float]:
+        # The prompt opened the thinking block, so the completion is inside it until `</think>`.
+        pairs = [(math_check.THINK_OPEN + c, answers[p]) for p, c in zip(prompts, completions)]
+        return math_check.score_math_batch(pairs)
+
+    return Task(
+        "math-jsonl",
+        [r.prompt for r in train_rows],
+        [r.prompt for r in valid_rows],
+        one,
+        MATH_MAX_NEW_TOKENS,
+        chat=True,
+        batch_reward=batch,
+    )
+
+
+def math_split(data: DataConfig) -> tuple[list[math_check.MathRow], list[math_check.MathRow]]:
+    """Train and held-out rows: at most `data.num_train_prompts` and `data.num_valid_prompts`.
+
+    Rows are taken in the order of a fixed permutation of each file (the same on every machine,
+    and not biased by a file sorted by difficulty). When `data.valid` is the same file as
+    `data.train`, the held-out rows come first in that order and the train rows are the rest, so
+    the two sets are disjoint.
+    """
+    valid_all = _read_rows("data.valid", data.valid)
+    same = Path(data.train).expanduser().resolve() == Path(data.valid).expanduser().resolve()
+    train_all = valid_all if same else _read_rows("data.train", data.train)
+    valid_order = _row_order(len(valid_all))
+    valid = [valid_all[i] for i in valid_order[: data.num_valid_prompts]]
+    if same:
+        if len(valid_all) <= data.num_valid_prompts:
+            raise ConfigError(
+                "data.num_valid_prompts",
+                f"{data.num_valid_prompts} held-out rows leave none of the {len(valid_all)} rows of "
+                f"{data.train} to train on; lower data.num_valid_prompts or give a separate data.valid",
+            )
+        train = [valid_all[i] for i in valid_order[data.num_valid_prompts :][: data.num_train_prompts]]
+    else:
+        train = [train_all[i] for i in _row_order(len(train_all))[: data.num_train_prompts]]
+    return train, valid
+
+
+def _read_rows(key: str, path: str) -> list[math_check.MathRow]:
+    try:
+        return math_check.read_math_jsonl(path)
+    except math_check.MathDataError as e:
+        raise ConfigError(key, str(e)) from None
+
+
+def _row_order(num_rows: int) -> list[int]:
+    return [int(i) for i in np.random.default_rng(SPLIT_SEED).permutation(num_rows)]
+
+
+def render_chat_prompt(tokenizer: Any, problem: str) -> str:
+    """`problem` as a user turn in the model's chat template, ending inside an open `<think>` block."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError("model.path", "the model's tokenizer has no chat template; math-jsonl renders prompts with it")
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": problem}], tokenize=False, add_generation_prompt=True
+    )
+    # Templates that do not open the thinking block themselves (Qwen3's) get it opened here.
+    return text if text.rstrip().endswith(math_check.THINK_OPEN) else text + math_check.THINK_OPEN + "\n"
 
 
 def make_prompt(a: int, b: int) -> str:

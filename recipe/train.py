@@ -140,6 +140,9 @@ class RunState:
     compute: Compute = field(default_factory=Compute)
     pending: list[Rollout] = field(default_factory=list)
     last_metrics: dict[str, float] = field(default_factory=dict)
+    train_prompt_mask: torch.Tensor | None = None
+    """Real tokens of left-padded prompts of different lengths (math-jsonl); None for sort6."""
+    valid_prompt_mask: torch.Tensor | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,6 +287,8 @@ def initial_state(cfg: RecipeConfig, task: Task, max_new_tokens: int, log: Calla
         weight_decay=cfg.optim.weight_decay,
     )
     num_matmul_params = matmul_param_count(model)
+    train_prompt_ids, train_prompt_mask = task.encode(tokenizer, task.train_prompts)
+    valid_prompt_ids, valid_prompt_mask = task.encode(tokenizer, task.valid_prompts)
     log(f"policy: {sum(p.numel() for p in model.parameters())} parameters ({num_matmul_params} in matmuls)")
     return RunState(
         cfg=cfg,
@@ -395,9 +400,10 @@ def generate_batch(state: RunState) -> Rollout:
         eos_id=state.tokenizer.eos_token_id,
         pad_id=state.tokenizer.pad_token_id,
         generator=state.generator,
+        prompt_mask_BP=_prompt_mask(state.train_prompt_mask, rows_P, group_size),
     )
     prompts = [task.train_prompts[int(r)] for r in rows_P for _ in range(group_size)]
-    passes_B = torch.tensor([task.reward(p, c) for p, c in zip(prompts, decode(state.tokenizer, completions))])
+    passes_B = torch.tensor(task.score(prompts, decode(state.tokenizer, completions)))
     rewards_B = shaped_rewards(passes_B, completions.lengths_B, cfg)
     passes_PG = passes_B.view(num_prompts, group_size)
     if cfg.filter.no_positive_resampling:
@@ -413,6 +419,11 @@ def generate_batch(state: RunState) -> Rollout:
         passes_PG=passes_PG,
         policy_version=state.step,
     )
+
+
+def _prompt_mask(mask: torch.Tensor | None, rows: torch.Tensor, repeats: int) -> torch.Tensor | None:
+    """The prompt mask of `rows`, each row repeated `repeats` times (None: prompts are unpadded)."""
+    return None if mask is None else mask[rows].repeat_interleave(repeats, dim=0)
 
 
 def shaped_rewards(passes_B: torch.Tensor, lengths_B: torch.Tensor, cfg: RecipeConfig) -> torch.Tensor:
@@ -464,7 +475,9 @@ def gradient_step(state: RunState, rollout: Rollout, keep_P: torch.Tensor) -> di
     c = rollout.completions
     prompt_ids_BP, tokens_BT = rollout.prompt_ids_BP[keep_B], c.tokens_BT[keep_B]
     behaviour_logp_BT, mask_BT = c.logp_BT[keep_B], c.mask_BT[keep_B]
-    logp_BT = completion_logprobs(state.model, prompt_ids_BP, tokens_BT)
+    prompt_mask_BP = _prompt_mask(state.train_prompt_mask, rollout.prompt_rows_P, group_size)
+    prompt_mask_BP = None if prompt_mask_BP is None else prompt_mask_BP[keep_B]
+    logp_BT = completion_logprobs(state.model, prompt_ids_BP, tokens_BT, prompt_mask_BP)
     loss = policy_loss(
         cfg.loss,
         logp_BT,
@@ -524,6 +537,7 @@ def evaluate(state: RunState) -> dict[str, Any]:
     cfg, task = state.cfg, state.task
     k = cfg.eval.samples
     prompt_ids = state.valid_prompt_ids.repeat_interleave(k, dim=0)
+    prompt_mask = _prompt_mask(state.valid_prompt_mask, torch.arange(len(task.valid_prompts)), k)
     prompts = [p for p in task.valid_prompts for _ in range(k)]
     generator = torch.Generator().manual_seed(_seed(_EVAL_STREAM, cfg.seed, state.step))
     passes, lengths, finished, logps = [], [], [], []
@@ -535,9 +549,9 @@ def evaluate(state: RunState) -> dict[str, Any]:
             eos_id=state.tokenizer.eos_token_id,
             pad_id=state.tokenizer.pad_token_id,
             generator=generator,
+            prompt_mask_BP=None if prompt_mask is None else prompt_mask[start : start + EVAL_CHUNK],
         )
-        texts = decode(state.tokenizer, out)
-        passes += [task.reward(p, t) for p, t in zip(prompts[start : start + EVAL_CHUNK], texts)]
+        passes += task.score(prompts[start : start + EVAL_CHUNK], decode(state.tokenizer, out))
         lengths.append(out.lengths_B)
         finished.append(out.finished_B)
         logps.append(out.logp_BT[out.mask_BT])

@@ -3,7 +3,7 @@
 import pytest
 
 from recipe import tasks
-from recipe.config import DataConfig, NotAvailableError
+from recipe.config import ConfigError, DataConfig
 
 
 def test_prompt_and_expected_completion():
@@ -65,9 +65,10 @@ def test_every_symbol_is_one_vocabulary_entry():
     assert all(s in tasks.VOCABULARY for s in (prompt + " " + tasks.expected_completion(prompt)).split())
 
 
-def test_load_task_builds_sort6_and_refuses_math_jsonl():
+def test_load_task_builds_sort6_and_names_a_missing_math_jsonl_file():
     task = tasks.load_task(DataConfig(num_train_prompts=20, num_valid_prompts=5))
     assert (task.name, len(task.train_prompts), len(task.valid_prompts)) == ("sort6", 20, 5)
     assert task.max_new_tokens == 7
-    with pytest.raises(NotAvailableError, match="not available yet"):
+    # math-jsonl itself is tested in tests/test_math_task.py.
+    with pytest.raises(ConfigError, match="b.jsonl: no such file"):
         tasks.load_task(DataConfig(task="math-jsonl", train="a.jsonl", valid="b.jsonl"))
