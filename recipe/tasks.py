@@ -136,9 +136,9 @@ def math_split(data: DataConfig) -> tuple[list[math_check.MathRow], list[math_ch
     `data.train`, the held-out rows come first in that order and the train rows are the rest, so
     the two sets are disjoint.
     """
-    valid_all = _read_rows("data.valid", data.valid)
+    valid_all = math_check.read_math_jsonl(data.valid, "data.valid")
     same = Path(data.train).expanduser().resolve() == Path(data.valid).expanduser().resolve()
-    train_all = valid_all if same else _read_rows("data.train", data.train)
+    train_all = valid_all if same else math_check.read_math_jsonl(data.train, "data.train")
     valid_order = _row_order(len(valid_all))
     valid = [valid_all[i] for i in valid_order[: data.num_valid_prompts]]
     if same:
@@ -152,13 +152,6 @@ def math_split(data: DataConfig) -> tuple[list[math_check.MathRow], list[math_ch
     else:
         train = [train_all[i] for i in _row_order(len(train_all))[: data.num_train_prompts]]
     return train, valid
-
-
-def _read_rows(key: str, path: str) -> list[math_check.MathRow]:
-    try:
-        return math_check.read_math_jsonl(path)
-    except math_check.MathDataError as e:
-        raise ConfigError(key, str(e)) from None
 
 
 def _row_order(num_rows: int) -> list[int]:

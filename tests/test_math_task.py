@@ -72,7 +72,8 @@ def test_bad_rows_are_named_by_file_and_line(tmp_path, lines, line, words):
     path = write_jsonl(tmp_path, lines)
     with pytest.raises(MathDataError) as caught:
         check_math_data(path)
-    message = str(caught.value)
+    message = caught.value.detail
+    assert caught.value.key == "data.train" and str(caught.value) == f"data.train: {message}"
     assert message.startswith(f"{path}:{line}: ") and "\n" not in message
     for word in words:
         assert word in message

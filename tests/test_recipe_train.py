@@ -247,8 +247,8 @@ def test_overlong_penalty_is_added_only_under_length_control_penalty():
         ({"engine.trainer": "deepspeed"}, NotAvailableError, "engine.trainer='deepspeed'.*not available yet"),
         (
             {"data.task": "math-jsonl", "data.train": "t.jsonl", "data.valid": "v.jsonl"},
-            NotAvailableError,
-            "math-jsonl.*not available yet",
+            ConfigError,
+            "data.valid: v.jsonl: no such file",
         ),
         ({"length.interrupt_min": 4, "length.interrupt_max": 6}, NotAvailableError, "interrupt.*not available yet"),
         ({"budget.steps": None, "budget.gpu_hours": 1.0}, ConfigError, "budget.gpu_hours"),
