@@ -97,7 +97,13 @@ def cli(ctx: click.Context, db: str | None) -> None:
     help="Also resubmit failed, timed-out and cancelled runs; they resume from their newest checkpoint.",
 )
 @click.option("--wait", is_flag=True, help="Show live progress until every run has ended.")
-@click.option("--max-parallel", type=int, default=None, help="Local executor: runs at once [default: number of cores].")
+@click.option(
+    "--max-parallel",
+    type=int,
+    default=None,
+    callback=lambda _ctx, _param, value: _at_least_one(value),
+    help="Local executor: runs at once, >= 1; kept until changed [default: number of cores].",
+)
 @click.option(
     "--root",
     type=click.Path(file_okay=False, path_type=Path),
@@ -144,10 +150,10 @@ def launch_cmd(
         store, spec, plans, executor=executor, root=root, retry_failed=retry_failed, max_parallel=max_parallel
     )
     out.print(
-        f"sweep [bold]{result.sweep}[/]: {result.num_runs} runs, {len(result.new)} new, "
+        f"sweep [bold]{escape(result.sweep)}[/]: {result.num_runs} runs, {len(result.new)} new, "
         f"{len(result.submitted)} submitted ({result.executor})"
         + (f", {result.waiting} waiting for room under the cluster's submit limit" if result.waiting else "")
-        + f"; run directories in {result.sweep_dir}"
+        + f"; run directories in {escape(result.sweep_dir)}"
     )
     if wait:
         _watch(store, spec.name, until_done=True)
@@ -179,12 +185,24 @@ def status_cmd(ctx: click.Context, sweep: str | None, as_json: bool, watch: bool
     out = render.console()
     out.print(render.status_table(name, rows, compute=compute or _compute_axis(rows)))
     out.print(_summary_line(rows))
-    for line in render.failures(rows):
-        out.print(f"[red]{line}[/]", soft_wrap=True)
+    render.print_failures(out, rows)
+
+
+def _at_least_one(value: int | None) -> int | None:
+    if value is not None and value < 1:
+        raise click.BadParameter(f"must be >= 1 (runs at once), got {value}", param_hint="'--max-parallel'")
+    return value
+
+
+def _nonblank(_ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """Run ids and sweep names are matched as given: an empty one would match everything."""
+    if not value.strip():
+        raise click.BadParameter(f"{value!r} is empty; give a sweep name or a run id (prefix)", param_hint=param.name)
+    return value
 
 
 @cli.command("cancel")
-@click.argument("target")
+@click.argument("target", callback=_nonblank)
 @click.pass_context
 @_errors
 def cancel_cmd(ctx: click.Context, target: str) -> None:
@@ -197,7 +215,7 @@ def cancel_cmd(ctx: click.Context, target: str) -> None:
 
 
 @cli.command("logs")
-@click.argument("run")
+@click.argument("run", callback=_nonblank)
 @click.option("--stderr", "which", flag_value="stderr", default=True, help="Show stderr (default).")
 @click.option("--stdout", "which", flag_value="stdout", help="Show stdout.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing as the log grows.")
@@ -391,8 +409,7 @@ def _watch(store: Store, sweep: str, *, until_done: bool, compute: str | None = 
         out.print("\nstopped watching; the runs go on")
         return
     out.line()  # Live leaves its last line open when the output is not a terminal
-    for line in render.failures(rows):
-        out.print(f"[red]{line}[/]", soft_wrap=True)
+    render.print_failures(out, rows)
 
 
 def _print_file(path: Path, *, follow: bool) -> None:

@@ -6,6 +6,10 @@ scheduler process (`python -m launcher.local`, one per database) starts them thr
 as slots free up, never more than `max_parallel` at once, records how each ended, and exits when
 the queue is empty. `sweep launch` and `sweep status` start it whenever queued work has no
 scheduler, so a reboot or a killed scheduler loses nothing.
+
+The limit lives in a file beside the scheduler's lock (not in the scheduler's memory), and a
+scheduler counts the live jobs that an earlier, killed scheduler left running: so a scheduler that
+`sweep status` restarts after a SIGKILL keeps `--max-parallel` (docs/decisions.md, "Local limit").
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -36,8 +41,36 @@ def lock_path(db_url: str) -> Path:
     return cache / "locks" / f"local-queue-{digest}.lock"
 
 
+def limit_path(db_url: str) -> Path:
+    return lock_path(db_url).with_suffix(".limit")
+
+
 def default_parallelism() -> int:
     return len(os.sched_getaffinity(0))
+
+
+def check_parallelism(max_parallel: int) -> int:
+    if max_parallel < 1:
+        raise ValueError(f"--max-parallel must be >= 1 (runs at once), got {max_parallel}")
+    return max_parallel
+
+
+def save_limit(db_url: str, max_parallel: int) -> None:
+    """Make `max_parallel` the limit of this database's scheduler, now and after a restart."""
+    path = limit_path(db_url)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    staging.write_text(f"{check_parallelism(max_parallel)}\n")
+    os.replace(staging, path)
+
+
+def read_limit(db_url: str) -> int:
+    """The saved limit; the number of cores if none was saved (or the file is unreadable)."""
+    try:
+        value = int(limit_path(db_url).read_text().strip())
+    except (OSError, ValueError):
+        return default_parallelism()
+    return value if value >= 1 else default_parallelism()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -45,18 +78,31 @@ def default_parallelism() -> int:
 
 
 def submit(store: Store, runs: Sequence[RunRecord], *, max_parallel: int | None = None) -> None:
-    """Queue the runs and make sure a scheduler will start them."""
+    """Queue the runs and make sure a scheduler will start them. What can be checked here (the
+    limit, the run directories) is checked before anything is queued; a scheduler that cannot be
+    started withdraws the queued runs again (back to `registered`, with the cause)."""
+    if max_parallel is not None:
+        save_limit(store.url, max_parallel)
+    for run in runs:
+        (Path(run.run_dir) / "logs").mkdir(parents=True, exist_ok=True)  # submitit's folder
     store.record_submissions(EXECUTOR, [{"run_id": run.id} for run in runs], RunState.QUEUED)
-    ensure_scheduler(store, max_parallel=max_parallel)
+    try:
+        ensure_scheduler(store)
+    except Exception as exc:
+        store.withdraw_submissions([r.id for r in runs], f"submission failed: could not start the scheduler: {exc}")
+        raise
 
 
 def ensure_scheduler(store: Store, *, max_parallel: int | None = None) -> bool:
-    """Start a detached scheduler if queued work exists and none is running; True if started."""
+    """Start a detached scheduler if queued work exists and none is running; True if started.
+    A given `max_parallel` becomes the limit (saved), also of a scheduler already running."""
+    if max_parallel is not None:
+        save_limit(store.url, max_parallel)
     if not store.queued_attempts(EXECUTOR, limit=1) or _lock_held(lock_path(store.url)):
         return False
-    log_file = lock_path(store.url).with_suffix(".log")
+    log_file = _log_file(store)
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", "launcher.local", "--max-parallel", str(max_parallel or default_parallelism())]
+    args = [sys.executable, "-m", "launcher.local"]  # the limit comes from limit_path
     env = {**os.environ, "SWEEP_DB": store.url}  # in the environment, not argv: it may hold a password
     with open(log_file, "ab") as log:
         subprocess.Popen(args, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -82,8 +128,10 @@ class Slot:
     job: Any  # submitit.local.local.LocalJob
 
 
-def serve(store: Store, max_parallel: int) -> None:
-    """Start queued attempts as slots free up; return when nothing is queued or running."""
+def serve(store: Store) -> None:
+    """Start queued attempts as slots free up; return when nothing is queued or running. The
+    limit is read at every turn (`read_limit`), and jobs that a killed scheduler left running
+    take slots too."""
     handle = _try_lock(lock_path(store.url))
     if handle is None:
         return  # another scheduler serves this database
@@ -91,10 +139,12 @@ def serve(store: Store, max_parallel: int) -> None:
     try:
         while True:
             slots = _reap(store, slots)
-            free = max_parallel - len(slots)
+            orphans = _orphans(store, slots)
+            free = read_limit(store.url) - len(slots) - orphans
             if free > 0:
-                slots += [_start(store, a) for a in store.queued_attempts(EXECUTOR, limit=free)]
-            if not slots and not store.queued_attempts(EXECUTOR, limit=1):
+                started = (_start(store, a) for a in store.queued_attempts(EXECUTOR, limit=free))
+                slots += [slot for slot in started if slot is not None]
+            if not slots and not orphans and not store.queued_attempts(EXECUTOR, limit=1):
                 # Release, then look once more: a launch that queued work after our last look
                 # either sees the lock free and starts a scheduler, or we see its work here.
                 handle.release()
@@ -107,7 +157,36 @@ def serve(store: Store, max_parallel: int) -> None:
             handle.release()
 
 
-def _start(store: Store, attempt: AttemptRecord) -> Slot:
+def _orphans(store: Store, slots: list[Slot]) -> int:
+    """Open local attempts of this host started by an earlier scheduler whose process still runs.
+    Those whose process is gone without a word are failed (nobody else would notice)."""
+    ours = {slot.attempt.id for slot in slots}
+    host, alive = socket.gethostname(), 0
+    for attempt in store.active_attempts(EXECUTOR):
+        pid = attempt.pid or (int(attempt.job_id) if (attempt.job_id or "").isdigit() else None)
+        if attempt.id in ours or attempt.state == AttemptState.QUEUED or attempt.node != host or pid is None:
+            continue
+        if is_alive(pid):
+            alive += 1
+        else:
+            reason = f"process {pid} is gone without reporting an end (killed?) (log: {attempt.stderr_path})"
+            store.settle_attempt(attempt.id, RunState.FAILED, reason)
+    return alive
+
+
+def _start(store: Store, attempt: AttemptRecord) -> Slot | None:
+    """Start one queued attempt. If it cannot be started (submitit fails, the run directory is
+    not writable), the run fails with the cause instead of staying queued for ever."""
+    try:
+        return _submit_job(store, attempt)
+    except Exception as exc:  # noqa: BLE001 - any failure to start is the run's, not the scheduler's
+        reason = f"the local scheduler could not start it: {type(exc).__name__}: {exc} (log: {_log_file(store)})"
+        if store.settle_attempt(attempt.id, RunState.FAILED, reason):
+            print(f"run {attempt.run_id} failed: {reason}", flush=True)
+        return None
+
+
+def _submit_job(store: Store, attempt: AttemptRecord) -> Slot:
     import submitit
 
     from launcher.job import run_recipe
@@ -119,6 +198,7 @@ def _start(store: Store, attempt: AttemptRecord) -> Slot:
     store.update_attempt(
         attempt.id,
         state=AttemptState.PENDING,
+        node=socket.gethostname(),
         job_id=str(job.job_id),
         stdout_path=str(job.paths.stdout),
         stderr_path=str(job.paths.stderr),
@@ -162,6 +242,25 @@ def _failure_cause(exc: BaseException) -> str:
     return lines[-1].strip() if lines else type(exc).__name__
 
 
+def _log_file(store: Store) -> Path:
+    return lock_path(store.url).with_suffix(".log")
+
+
+def is_alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purpose; /proc tells (Linux)
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
 def _try_lock(path: Path) -> FileLock | None:
     """The scheduler's lock if nobody holds it, else None (never waits)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -175,11 +274,15 @@ def _try_lock(path: Path) -> FileLock | None:
 
 def _main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m launcher.local", description=__doc__)
-    parser.add_argument("--max-parallel", type=int, default=default_parallelism())
+    parser.add_argument("--max-parallel", type=int, default=None, help="Save this limit first [default: saved one].")
     args = parser.parse_args(argv)
+    if args.max_parallel is not None and args.max_parallel < 1:
+        parser.error(f"--max-parallel must be >= 1, got {args.max_parallel}")
     store = Store()  # $SWEEP_DB
-    print(f"local scheduler {os.getpid()} serving {store.display_url} with {args.max_parallel} slots", flush=True)
-    serve(store, args.max_parallel)
+    if args.max_parallel is not None:
+        save_limit(store.url, args.max_parallel)
+    print(f"local scheduler {os.getpid()} serving {store.display_url} with {read_limit(store.url)} slots", flush=True)
+    serve(store)
 
 
 if __name__ == "__main__":

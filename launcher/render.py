@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from launcher.grid import RunPlan
@@ -30,9 +31,11 @@ STATE_STYLE = {
 
 
 def fmt_value(value: Any) -> str:
+    """A value for a table cell; user-controlled text is escaped, so `[/]` in a label is shown,
+    never parsed as markup."""
     if isinstance(value, float):
         return f"{value:.4g}"
-    return "-" if value is None else str(value)
+    return "-" if value is None else escape(str(value))
 
 
 def fmt_compute(value: float | None) -> str:
@@ -45,23 +48,23 @@ def fmt_compute(value: float | None) -> str:
 
 def plan_table(plans: Sequence[RunPlan], title: str) -> Table:
     axis_keys = _axis_keys([p.axes for p in plans])
-    table = Table(title=title, title_justify="left")
+    table = Table(title=escape(title), title_justify="left")
     table.add_column("run", no_wrap=True, min_width=12)
     for key in axis_keys:
-        table.add_column(key)
+        table.add_column(escape(key))
     table.add_column("budget")
     for plan in plans:
-        budget = ", ".join(f"{k}={fmt_value(v)}" for k, v in plan.budget.items() if v is not None)
-        table.add_row(plan.id, *(fmt_value(plan.axes.get(k)) for k in axis_keys), budget)
+        budget = ", ".join(f"{escape(k)}={fmt_value(v)}" for k, v in plan.budget.items() if v is not None)
+        table.add_row(escape(plan.id), *(fmt_value(plan.axes.get(k)) for k in axis_keys), budget)
     return table
 
 
 def status_table(sweep: str, rows: Sequence[StatusRow], *, compute: str) -> Table:
     axis_keys = _axis_keys([r.run.axes for r in rows])
-    table = Table(title=f"sweep {sweep}", title_justify="left")
+    table = Table(title=f"sweep {escape(sweep)}", title_justify="left")
     table.add_column("run", no_wrap=True, min_width=12)
     for key in axis_keys:
-        table.add_column(key)
+        table.add_column(escape(key))
     for name in ("state", "att.", "step", "pass rate", compute, "job"):
         table.add_column(name, justify="right" if name in ("att.", "step", "pass rate", compute) else "left")
     for row in rows:
@@ -70,25 +73,31 @@ def status_table(sweep: str, rows: Sequence[StatusRow], *, compute: str) -> Tabl
         step = f"{row.run.step}/{budget}" if budget else str(row.run.step)
         last = row.last
         table.add_row(
-            row.run.id,
+            escape(row.run.id),
             *(fmt_value(row.run.axes.get(k)) for k in axis_keys),
             f"[{STATE_STYLE.get(state, '')}]{state}[/]",
             str(row.num_attempts),
             step,
             f"{last.pass_rate:.3f}" if last else "-",
             fmt_compute(getattr(last, compute) if last else None),
-            (row.attempt.job_id or "-") if row.attempt else "-",
+            escape(row.attempt.job_id or "-") if row.attempt else "-",
         )
     return table
 
 
 def failures(rows: Sequence[StatusRow]) -> list[str]:
-    """One line per failed/timed-out run: its reason and where its log is."""
+    """One line per failed/timed-out run: its reason and where its log is (plain text: print it
+    with `print_failures`, or escape it, since a reason may hold `[/]`)."""
     lines = []
     for row in rows:
         if row.run.state in FAILED_STATES and row.run.state_reason:
             lines.append(f"{row.run.id}: {row.run.state_reason}")
     return lines
+
+
+def print_failures(out: Console, rows: Sequence[StatusRow]) -> None:
+    for line in failures(rows):
+        out.print(f"[red]{escape(line)}[/]", soft_wrap=True)
 
 
 def _axis_keys(axes: Sequence[dict[str, Any]]) -> list[str]:

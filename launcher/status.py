@@ -7,7 +7,6 @@ sweep (launcher.slurm). Queued local work without a scheduler gets one.
 
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -67,26 +66,13 @@ def reconcile_local(store: Store, sweep: str) -> None:
     """Fail running local attempts whose process died unseen (e.g. the scheduler was killed too)."""
     host = socket.gethostname()
     for attempt in store.active_attempts(local.EXECUTOR, sweep):
-        if attempt.state != AttemptState.RUNNING or attempt.node != host or attempt.pid is None or _alive(attempt.pid):
+        if attempt.state != AttemptState.RUNNING or attempt.node != host or attempt.pid is None:
+            continue
+        if local.is_alive(attempt.pid):
             continue
         reason = f"process {attempt.pid} is gone without reporting an end (killed?) (log: {attempt.stderr_path})"
         store.settle_attempt(attempt.id, RunState.FAILED, reason)
     local.ensure_scheduler(store)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie is dead for our purpose; /proc tells (Linux).
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def summary(rows: list[StatusRow]) -> dict[str, int]:

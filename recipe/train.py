@@ -307,7 +307,8 @@ def initial_state(cfg: RecipeConfig, task: Task, max_new_tokens: int, log: Calla
 
 def resume(state: RunState, run_dir: Path, sink: Sink, log: Callable[[str], None]) -> int | None:
     """Restore the newest valid checkpoint into `state`; its step, or None for a fresh run."""
-    saved = checkpoint.load_newest_valid(run_dir, log, on_discarded=sink.checkpoint_deleted)
+    fits = lambda saved: checkpoint.check_fits(saved, state.model, state.optimizer)  # noqa: E731
+    saved = checkpoint.load_newest_valid(run_dir, log, on_discarded=sink.checkpoint_deleted, check=fits)
     if saved is None:
         return None
     changed = _changed_keys(saved["config"], state.cfg.to_dict())

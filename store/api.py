@@ -367,8 +367,12 @@ class Store:
 
     def get_run(self, ref: str) -> RunRecord:
         """A run by id or unique id prefix; NotFoundError names the problem."""
+        if not ref.strip():
+            raise NotFoundError(f"an empty run id matches nothing in {self.display_url}")
         with self._read(f"reading run {ref!r}") as s:
-            rows = s.execute(select(Run, Sweep.name).join(Sweep).where(Run.id.startswith(ref)).limit(2)).all()
+            # autoescape: `%` and `_` in `ref` are characters to match, not LIKE wildcards
+            match = Run.id.startswith(ref, autoescape=True)
+            rows = s.execute(select(Run, Sweep.name).join(Sweep).where(match).limit(2)).all()
             if not rows:
                 raise NotFoundError(f"no run with id {ref!r} in {self.display_url}")
             if len(rows) > 1:
@@ -530,6 +534,25 @@ class Store:
             for chunk in _chunks(list(run_ids)):
                 query = update(Run).where(Run.id.in_(chunk), Run.state.in_(only_from))
                 moved += s.execute(query.values(state=state, state_reason=reason, claim=None)).rowcount
+        return moved
+
+    def withdraw_submissions(self, run_ids: Sequence[str], reason: str) -> int:
+        """A submission failed after it was recorded: the runs (still `submitting` or `queued`) go
+        back to `registered` with the reason, and their unstarted attempts end as failed, so
+        nothing starts them later by surprise. Returns how many runs moved."""
+        moved = 0
+        with self._write(f"withdrawing {len(run_ids)} submissions") as s:
+            for chunk in _chunks(list(run_ids)):
+                waiting = (RunState.SUBMITTING, RunState.QUEUED)
+                query = update(Run).where(Run.id.in_(chunk), Run.state.in_(waiting))
+                moved += s.execute(
+                    query.values(state=RunState.REGISTERED, state_reason=reason, claim=None)
+                ).rowcount
+                s.execute(
+                    update(Attempt)
+                    .where(Attempt.run_id.in_(chunk), Attempt.state == AttemptState.QUEUED)
+                    .values(state=AttemptState.FAILED, exit_reason=reason, ended_at=utcnow())
+                )
         return moved
 
     def queued_attempts(self, executor: str, *, limit: int) -> list[AttemptRecord]:
