@@ -298,10 +298,12 @@ def initial_state(cfg: RecipeConfig, task: Task, max_new_tokens: int, log: Calla
         optimizer=optimizer,
         drawer=PromptDrawer(len(task.train_prompts), seed=_seed(_PROMPT_STREAM, cfg.seed)),
         generator=torch.Generator().manual_seed(_seed(_SAMPLING_STREAM, cfg.seed)),
-        train_prompt_ids=tokenizer(task.train_prompts, return_tensors="pt").input_ids,
-        valid_prompt_ids=tokenizer(task.valid_prompts, return_tensors="pt").input_ids,
+        train_prompt_ids=train_prompt_ids,
+        valid_prompt_ids=valid_prompt_ids,
         max_new_tokens=max_new_tokens,
         num_matmul_params=num_matmul_params,
+        train_prompt_mask=train_prompt_mask,
+        valid_prompt_mask=valid_prompt_mask,
     )
 
 
