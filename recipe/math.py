@@ -278,7 +278,8 @@ class _Worker:
     """Its pipe reached EOF: it crashed or was killed."""
 
     @classmethod
-    def start(cls) -> _Worker:
+    def spawn(cls) -> _Worker:
+        """Start the process; it is usable once `wait_ready` returns."""
         process = subprocess.Popen(
             [sys.executable, "-m", "recipe.math_worker"],
             stdin=subprocess.PIPE,
@@ -286,12 +287,18 @@ class _Worker:
             stderr=subprocess.DEVNULL,
             env=os.environ | {"PYTHONPATH": _package_root() + os.pathsep + os.environ.get("PYTHONPATH", "")},
         )
-        worker = cls(process)
-        ready = worker.read_line(time.monotonic() + WORKER_START_TIMEOUT_S)
+        return cls(process)
+
+    def wait_ready(self) -> _Worker:
+        ready = self.read_line(time.monotonic() + WORKER_START_TIMEOUT_S)
         if ready is None or json.loads(ready).get("ready") is not True:
-            worker.kill()
-            raise RuntimeError("the math-verify worker did not start (is math-verify installed? pip install math-verify)")
-        return worker
+            self.kill()
+            raise RuntimeError("the math-verify worker did not start; pip install 'scalesweep[math]'")
+        return self
+
+    @classmethod
+    def start(cls) -> _Worker:
+        return cls.spawn().wait_ready()
 
     def send(self, request: dict[str, str], timeout_s: float) -> None:
         assert self.process.stdin is not None
@@ -344,6 +351,7 @@ class _Pool:
 
     def __init__(self, size: int):
         self.size = size
+        self.pid = os.getpid()
         self.workers: list[_Worker] = []
         self.lock = threading.Lock()
 
@@ -352,8 +360,9 @@ class _Pool:
         if not requests:
             return []
         with self.lock:
-            while len(self.workers) < min(self.size, len(requests)):
-                self.workers.append(_Worker.start())
+            missing = min(self.size, len(requests)) - len(self.workers)
+            if missing > 0:  # started together: each spends about 0.5 s importing sympy
+                self.workers += [w.wait_ready() for w in [_Worker.spawn() for _ in range(missing)]]
             results: list[object] = [None] * len(requests)
             queue = list(range(len(requests)))[::-1]
             busy: dict[int, tuple[int, float]] = {}  # worker slot -> (request index, deadline)
@@ -418,7 +427,7 @@ _POOL_LOCK = threading.Lock()
 def _pool() -> _Pool:
     global _POOL
     with _POOL_LOCK:
-        if _POOL is None:
+        if _POOL is None or _POOL.pid != os.getpid():  # a forked child cannot share its parent's pipes
             _POOL = _Pool(num_workers())
         return _POOL
 

@@ -16,6 +16,7 @@ inside an open thinking block; the reward is `recipe.math.score_math`.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from recipe import math as math_check
-from recipe.config import ConfigError, DataConfig
+from recipe.config import ConfigError, DataConfig, NotAvailableError
 
 PAD = "<pad>"
 EOS = "</s>"
@@ -101,6 +102,8 @@ MATH_MAX_NEW_TOKENS = 1 << 30
 
 def math_task(data: DataConfig) -> Task:
     """Prompts and gold answers from `data.train` and `data.valid` (see `math_split`)."""
+    if importlib.util.find_spec("math_verify") is None:
+        raise NotAvailableError("data.task=math-jsonl scores answers with math-verify; pip install 'scalesweep[math]'")
     train_rows, valid_rows = math_split(data)
     answers: dict[str, str] = {}
     for row in (*valid_rows, *train_rows):
