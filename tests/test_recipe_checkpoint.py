@@ -69,3 +69,52 @@ def test_prune_keeps_the_newest(tmp_path):
     assert checkpoint.prune(tmp_path, keep=2) == [1, 2]
     assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [3, 4]
     assert checkpoint.prune(tmp_path, keep=2) == []
+
+
+def fitted_state(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    return state(step) | {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+
+
+def model_and_optimizer(width: int = 3) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = torch.nn.Linear(width, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.ones(1, width)).sum().backward()
+    optimizer.step()  # so the optimizer holds per-parameter state (exp_avg, ...)
+    return model, optimizer
+
+
+def test_a_checkpoint_that_does_not_fit_the_model_is_skipped_like_a_corrupt_one(tmp_path):
+    model, optimizer = model_and_optimizer()
+    checkpoint.save(tmp_path, 5, fitted_state(5, model, optimizer))
+    wider, wider_optimizer = model_and_optimizer(width=4)
+    checkpoint.save(tmp_path, 10, fitted_state(10, wider, optimizer))  # weight of another shape
+    missing = fitted_state(15, model, optimizer)
+    del missing["model"]["bias"]
+    checkpoint.save(tmp_path, 15, missing)
+    checkpoint.save(tmp_path, 20, fitted_state(20, model, wider_optimizer))  # optimizer of another model
+    logs, discarded = [], []
+    loaded = checkpoint.load_newest_valid(
+        tmp_path, log=logs.append, on_discarded=discarded.append,
+        check=lambda s: checkpoint.check_fits(s, model, optimizer),
+    )  # fmt: skip
+    assert loaded["step"] == 5 and discarded == [20, 15, 10]
+    assert "step_00000020.pt" in logs[0] and "optimizer state exp_avg of parameter 0 has shape (2, 4)" in logs[0]
+    assert "step_00000015.pt" in logs[1] and "missing tensors ['bias']" in logs[1]
+    assert "step_00000010.pt" in logs[2] and "weight has shape (2, 4), the model's is (2, 3)" in logs[2]
+    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [5]
+    model.load_state_dict(loaded["model"])
+    optimizer.load_state_dict(loaded["optimizer"])  # the one kept really restores
+
+
+def test_check_fits_leaves_the_model_untouched(tmp_path):
+    model, optimizer = model_and_optimizer()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    wrong = fitted_state(1, model, optimizer)
+    wrong["model"] = {"weight": torch.zeros(2, 3), "bias": torch.zeros(5)}
+    try:
+        checkpoint.check_fits(wrong, model, optimizer)
+    except ValueError as exc:
+        assert "bias has shape (5,)" in str(exc)
+    else:
+        raise AssertionError("a misfit state passed check_fits")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
