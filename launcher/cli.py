@@ -14,9 +14,10 @@ import click
 from rich.markup import escape
 
 from launcher import render
-from launcher.grid import GridError, expand, load_sweep
+from launcher.grid import MAX_RUNS, GridError, check_size, expand_with_warnings, load_sweep
+from launcher.preflight import check_plans, check_root
 from launcher.importer import IMPORT_COMPUTE_AXES, IMPORT_FORMATS, import_curves
-from launcher.launch import EXECUTORS, LaunchError, default_executor, launch
+from launcher.launch import EXECUTORS, LaunchError, default_executor, default_root, launch
 from launcher.slurm import SlurmError
 from launcher.status import all_ended, collect, summary
 from store import TERMINAL_STATES, BadURLError, NotFoundError, Store, StoreError
@@ -110,6 +111,13 @@ def cli(ctx: click.Context, db: str | None) -> None:
     default=None,
     help="Where run directories go [env: SWEEP_ROOT; default: ./runs].",
 )
+@click.option(
+    "--max-runs",
+    type=click.IntRange(min=1),
+    default=MAX_RUNS,
+    show_default=True,
+    help="Refuse a grid that expands to more runs than this (counted before expanding).",
+)
 @click.pass_context
 @_errors
 def launch_cmd(
@@ -123,14 +131,19 @@ def launch_cmd(
     wait: bool,
     max_parallel: int | None,
     root: Path | None,
+    max_runs: int,
 ) -> None:
     """Expand GRID (a sweep YAML) into runs, register them, submit those not done.
 
-    OVERRIDES are OmegaConf dot-list edits of the sweep file: budget.steps=50 seeds=[0]
-    recipe.optim.lr=1e-4.
+    OVERRIDES are KEY=VALUE edits of the sweep file (values in YAML): budget.steps=50 seeds=[0]
+    recipe.optim.lr=1e-4 grid.optim.lr=[1e-4,2e-4].
     """
     spec = load_sweep(grid, overrides)
-    plans = expand(spec)
+    check_size(spec, max_runs)
+    plans, warnings = expand_with_warnings(spec)
+    for warning in warnings:
+        render.console(stderr=True).print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
+    check_plans(spec, plans)
     executor = cluster or default_executor()
     out = render.console()
     if dry_run:
@@ -139,11 +152,16 @@ def launch_cmd(
                 json.dumps({"sweep": spec.name, "runs": [{"id": p.id, "axes": p.axes} for p in plans]}, indent=2)
             )
         else:
-            out.print(render.plan_table(plans, f"sweep {spec.name}: {len(plans)} runs (dry run, nothing submitted)"))
+            title = f"sweep {spec.name}: {len(plans)} runs (dry run, nothing submitted)"
+            if len(plans) > render.PLAIN_ROWS_ABOVE:
+                click.echo(render.plan_text(plans, title))
+            else:
+                out.print(render.plan_table(plans, title))
             if executor == "slurm":
                 from launcher import slurm
 
-                click.echo(f"\n# the sbatch script of the first array:\n{slurm.dry_run_script(spec, plans)}")
+                script = slurm.dry_run_script(spec, plans, root=check_root(root or default_root()))
+                click.echo(f"\n# the sbatch script of the first array:\n{script}")
         return
     store = _store(ctx, create=True)
     result = launch(
@@ -172,7 +190,13 @@ def launch_cmd(
 @click.pass_context
 @_errors
 def status_cmd(ctx: click.Context, sweep: str | None, as_json: bool, watch: bool, compute: str | None) -> None:
-    """Every run of SWEEP: state, attempts, step/budget, last pass rate, compute."""
+    """Every run of SWEEP: state, attempts, step/budget, last pass rate, compute.
+
+    Before reading, a sync step brings the store in line with the executors: local jobs whose
+    process is gone fail, Slurm's verdicts are recorded, queued local work gets a scheduler, and
+    runs held back by a Slurm submit limit are submitted if there is room now. It never creates
+    a store or migrates one.
+    """
     store = _store(ctx)
     name = _sweep_name(store, sweep)
     if watch:

@@ -14,18 +14,22 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
+from launcher.yamlfile import YamlError, load_file, load_text
 from recipe.config import ConfigError, RecipeConfig, canonical_json, check_value, closest, flatten, resolve
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # matched with fullmatch: `$` would allow "\n"
+MAX_RUNS = 20_000
+"""Default of `sweep launch --max-runs`: a bigger grid is almost always a typo (one more axis)."""
+MAX_SEED = 2**32 - 1
+NOT_AXES = {"seed": "seeds are the top-level `seeds:` list", "budget": "a sweep's runs share the top-level `budget:`"}
+"""Recipe keys that sweep files set elsewhere: as an axis or in `recipe:` they would be overwritten."""
 TOP_LEVEL_KEYS = ("name", "description", "recipe", "grid", "zip", "ablate", "exclude", "seeds", "budget", "resources")
 BUDGET_KEYS = ("steps", "gpu_hours", "flops")
 # Cluster resources: a grid's `resources:` may set these, or name a profile file that does.
@@ -43,7 +47,25 @@ PROFILE_KEYS = (
     "signal_delay_s",
     "setup",
 )
-RESOURCE_KEYS = ("profile", "generator_gpus", *PROFILE_KEYS)
+RESOURCE_KEYS = ("profile", "generator_gpus", "tasks_per_node", *PROFILE_KEYS)
+# key -> (type, smallest allowed value); `setup` is a list of shell lines.
+RESOURCE_TYPES: dict[str, tuple[type, float | None]] = {
+    "profile": (str, None),
+    "partition": (str, None),
+    "account": (str, None),
+    "qos": (str, None),
+    "constraint": (str, None),
+    "gpus_per_node": (int, 0),
+    "generator_gpus": (int, 0),
+    "nodes": (int, 1),
+    "tasks_per_node": (int, 1),
+    "cpus_per_task": (int, 1),
+    "mem_gb": (float, 0),
+    "timeout_min": (int, 1),
+    "array_parallelism": (int, 1),
+    "signal_delay_s": (int, 0),
+}
+MAX_RESOURCE_INT = 10**6
 RESOURCE_DEFAULTS: dict[str, Any] = {
     "nodes": 1,
     "cpus_per_task": 1,
@@ -102,26 +124,68 @@ class RunPlan:
 
 
 def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:
-    """Read a sweep file, apply `key=value` overrides (OmegaConf dot-list), validate everything."""
+    """Read a sweep file (strict YAML: `launcher.yamlfile`), apply `key=value` overrides, validate
+    everything. Nothing here touches the store or the file system beyond reading."""
     path = Path(path)
     if not path.is_file():
-        raise GridError(path, "file", "no such file")
+        raise GridError(path, "file", "no such file" if not path.exists() else "not a regular file")
     try:
-        conf = OmegaConf.load(path)
-        if overrides:
-            conf = OmegaConf.merge(conf, OmegaConf.from_dotlist(list(overrides)))
-        raw = OmegaConf.to_container(conf, resolve=True)
-    except (OmegaConfBaseException, ValueError, OSError) as exc:
-        raise GridError(path, "file", f"cannot parse: {exc}") from exc
+        raw = load_file(path)
+    except YamlError as exc:
+        raise GridError(exc.source, exc.location, exc.detail) from None
     if not isinstance(raw, dict):
-        raise GridError(path, "file", "the top level must be a mapping")
+        raise GridError(path, "file", f"the top level must be a mapping, got {type(raw).__name__}")
+    for override in overrides:
+        _apply_override(path, raw, override)
     return _validate(path, raw)
+
+
+def _apply_override(path: Path, raw: dict[str, Any], text: str) -> None:
+    """`key=value` (value in YAML). `grid.optim.lr=[...]` and `ablate.loss.type=x` address the
+    axis `optim.lr` / `loss.type`: the part after the section is one dotted key."""
+    where = f"override {text!r}"
+    key, sep, value_text = text.partition("=")
+    key = key.strip()
+    if not sep:
+        raise GridError(path, where, "expected KEY=VALUE (e.g. budget.steps=50); to unset a key write KEY=null")
+    if not key or any(not part for part in key.split(".")):
+        raise GridError(path, where, f"invalid key {key!r}: dotted names like recipe.optim.lr or grid.loss.type")
+    try:
+        value = load_text(value_text, where)
+    except YamlError as exc:
+        raise GridError(path, where, exc.detail) from None
+    section, _, rest = key.partition(".")
+    if section not in TOP_LEVEL_KEYS:
+        hint = closest(section, TOP_LEVEL_KEYS)
+        raise GridError(
+            path, where, f"unknown key {section!r}{f' (did you mean {hint!r}?)' if hint else ''}; allowed: {', '.join(TOP_LEVEL_KEYS)}"
+        )
+    if not rest:
+        raw[section] = value
+        return
+    node = raw.get(section)
+    if node is None:
+        node = raw[section] = {}
+    if not isinstance(node, dict):
+        raise GridError(path, where, f"{section} is a {type(node).__name__} in the file, not a mapping")
+    if section in ("grid", "ablate"):
+        node[rest] = value
+        return
+    parts = rest.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise GridError(path, where, f"{part} is not a mapping in the file")
+        node = child
+    node[parts[-1]] = value
 
 
 def _validate(path: Path, raw: dict[str, Any]) -> SweepSpec:
     _known_keys(path, "", raw, TOP_LEVEL_KEYS)
     name = raw.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise GridError(
             path,
             "name",
@@ -130,6 +194,8 @@ def _validate(path: Path, raw: dict[str, Any]) -> SweepSpec:
 
     recipe = _mapping(path, raw, "recipe")
     base = {k: _check(path, f"recipe.{k}", k, v) for k, v in flatten(recipe).items()}
+    if "seed" in base:
+        raise GridError(path, "recipe.seed", f"{base['seed']!r} would be overwritten: {NOT_AXES['seed']} (e.g. seeds: [{base['seed']}])")
     base.update(_budget(path, raw))
 
     grid = {k: _values(path, f"grid.{k}", k, v) for k, v in _mapping(path, raw, "grid").items()}
@@ -156,6 +222,9 @@ def _validate(path: Path, raw: dict[str, Any]) -> SweepSpec:
 
 
 def _check(path: Path, where: str, key: str, value: Any) -> Any:
+    head = key.split(".")[0]
+    if head in NOT_AXES and where.split(".")[0].split("[")[0] in ("grid", "zip", "ablate"):
+        raise GridError(path, where, f"{key} cannot vary inside a sweep: {NOT_AXES[head]}")
     try:
         return check_value(key, value)
     except ConfigError as exc:
@@ -215,8 +284,11 @@ def _ablate(path: Path, raw: Any) -> list[dict[str, Any]]:
 
 def _seeds(path: Path, raw: Any) -> list[int]:
     seeds = raw if isinstance(raw, list) else [raw]
-    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
-        raise GridError(path, "seeds", f"must be a non-negative integer or a non-empty list of them, got {raw!r}")
+    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_SEED for s in seeds):
+        bad = next((s for s in seeds if not (isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_SEED)), raw)
+        raise GridError(
+            path, "seeds", f"invalid seed {bad!r}: an integer in [0, {MAX_SEED}] or a non-empty list of them"
+        )
     if len(set(seeds)) != len(seeds):
         raise GridError(path, "seeds", f"repeated seeds in {raw!r}")
     return seeds
@@ -234,11 +306,39 @@ def _budget(path: Path, raw: dict[str, Any]) -> dict[str, Any]:
 def _resources(path: Path, resources: dict[str, Any]) -> dict[str, Any]:
     """The grid's `resources:` over its cluster profile (if any) over the defaults."""
     _known_keys(path, "resources", resources, RESOURCE_KEYS)
+    _check_resources(path, "resources", resources)
     merged = dict(RESOURCE_DEFAULTS)
     if resources.get("profile"):
         merged.update(load_profile(path, str(resources["profile"])))
     merged.update(resources)
     return merged
+
+
+def _check_resources(path: Path, section: str, resources: dict[str, Any]) -> None:
+    """Types and ranges of cluster resources, in a grid's `resources:` or a profile."""
+    for key, value in resources.items():
+        where = f"{section}.{key}" if section else key
+        if key == "setup":
+            if not isinstance(value, list) or not all(isinstance(line, str) for line in value):
+                raise GridError(path, where, f"invalid value {value!r}; expected a list of shell lines (strings)")
+            continue
+        tp, lo = RESOURCE_TYPES[key]
+        if value is None:
+            continue
+        if tp is str:
+            if not isinstance(value, str) or not value.strip() or "\n" in value:
+                raise GridError(path, where, f"invalid value {value!r}; expected a non-empty one-line string")
+            continue
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if tp is int and not (isinstance(value, int) and not isinstance(value, bool)):
+            raise GridError(path, where, f"invalid value {value!r}; expected an integer >= {lo}")
+        if tp is float and (not numeric or not math.isfinite(value)):
+            raise GridError(path, where, f"invalid value {value!r}; expected a number > {lo}")
+        if lo is not None and (value < lo or (tp is float and value == lo)):
+            bound = f"> {lo}" if tp is float else f">= {lo}"
+            raise GridError(path, where, f"invalid value {value!r}; must be {bound}")
+        if value > MAX_RESOURCE_INT:
+            raise GridError(path, where, f"invalid value {value!r}; must be <= {MAX_RESOURCE_INT}")
 
 
 def load_profile(grid_path: Path, profile: str) -> dict[str, Any]:
@@ -248,12 +348,14 @@ def load_profile(grid_path: Path, profile: str) -> dict[str, Any]:
     if found is None:
         raise GridError(grid_path, "resources.profile", f"no cluster profile at {' or '.join(map(str, candidates))}")
     try:
-        data = OmegaConf.to_container(OmegaConf.load(found), resolve=True) or {}
-    except (OmegaConfBaseException, ValueError) as exc:
-        raise GridError(found, "file", f"cannot parse: {exc}") from exc
+        data = load_file(found)
+    except YamlError as exc:
+        raise GridError(exc.source, exc.location, exc.detail) from None
+    data = {} if data is None else data
     if not isinstance(data, dict):
-        raise GridError(found, "file", "a cluster profile is a mapping")
+        raise GridError(found, "file", f"a cluster profile is a mapping, got {type(data).__name__}")
     _known_keys(found, "", data, PROFILE_KEYS)
+    _check_resources(found, "", data)
     return data
 
 
@@ -271,8 +373,48 @@ def _known_keys(path: Path, section: str, mapping: dict[str, Any], allowed: Sequ
 # Expansion (pure)
 
 
+def count_runs(spec: SweepSpec) -> int:
+    """An upper bound of the sweep's runs from the axis sizes alone (before exclusions and
+    de-duplication), computed without expanding anything."""
+    count = math.prod(len(values) for values in spec.grid.values())
+    count *= math.prod(len(next(iter(group.values()))) for group in spec.zip)
+    return count * (1 + len(spec.ablate)) * len(spec.seeds)
+
+
+def check_size(spec: SweepSpec, max_runs: int = MAX_RUNS) -> None:
+    count = count_runs(spec)
+    if count > max_runs:
+        sizes = " x ".join(
+            [f"{len(v)} ({k})" for k, v in spec.grid.items()]
+            + [f"{len(next(iter(g.values())))} (zip[{i}])" for i, g in enumerate(spec.zip)]
+            + ([f"{1 + len(spec.ablate)} (base + ablate)"] if spec.ablate else [])
+            + ([f"{len(spec.seeds)} (seeds)"] if len(spec.seeds) > 1 else [])
+        )
+        raise GridError(
+            spec.path, "grid", f"expands to {count:,} runs ({sizes}), above the limit of {max_runs:,}; "
+            "raise it with --max-runs if you mean it"
+        )
+
+
 def expand(spec: SweepSpec) -> list[RunPlan]:
     """The runs of a sweep, in a stable order, without duplicates."""
+    return expand_with_warnings(spec)[0]
+
+
+def expand_with_warnings(spec: SweepSpec) -> tuple[list[RunPlan], list[str]]:
+    """`expand`, plus a warning per `exclude` entry that matched no run. Excluding every run is
+    an error: a sweep without runs is a mistake, not something to register."""
+    matched = [0] * len(spec.exclude)
+    plans = _expand(spec, matched)
+    if not plans:
+        raise GridError(spec.path, "exclude", "every run is excluded: nothing to launch")
+    warnings = [
+        f"{spec.path}: exclude[{i}]: {_label(entry)} matches no run" for i, entry in enumerate(spec.exclude) if not matched[i]
+    ]
+    return plans, warnings
+
+
+def _expand(spec: SweepSpec, matched: list[int]) -> list[RunPlan]:
     points: list[dict[str, Any]] = [{}]
     for key, values in spec.grid.items():
         points = [p | {key: v} for p in points for v in values]
@@ -289,7 +431,7 @@ def expand(spec: SweepSpec) -> list[RunPlan]:
     for values, ablation in variants:
         for seed in spec.seeds:
             config = _resolve(spec, {**spec.recipe, **values, "seed": seed}, values)
-            if not _excluded(spec, config):
+            if not _excluded(spec, config, matched):
                 resolved.append((run_id(spec.name, config), config, ablation, seed))
     # An ablation that lands on another grid point is that point: label it as the point.
     grid_point_ids = {rid for rid, _, ablation, _ in resolved if ablation is None}
@@ -326,8 +468,13 @@ def _resolve(spec: SweepSpec, flat: dict[str, Any], values: dict[str, Any]) -> R
         raise GridError(spec.path, exc.key, f"{exc.detail} (in the run with {at})") from None
 
 
-def _excluded(spec: SweepSpec, config: RecipeConfig) -> bool:
-    return any(all(config.get(k) == v for k, v in entry.items()) for entry in spec.exclude)
+def _excluded(spec: SweepSpec, config: RecipeConfig, matched: list[int]) -> bool:
+    hit = False
+    for i, entry in enumerate(spec.exclude):
+        if all(config.get(k) == v for k, v in entry.items()):
+            matched[i] += 1
+            hit = True
+    return hit
 
 
 def _label(change: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from launcher import local
 from launcher.grid import RunPlan, SweepSpec
+from launcher.preflight import check_root
 from recipe.config import write_run_files
 from store import RETRYABLE_STATES, AttemptState, NewRun, RunRecord, RunState, Store
 
@@ -62,6 +63,7 @@ def launch(
     sweep_dir = (
         Path(existing_sweep.root_dir) if existing_sweep and root is None else (root or default_root()) / spec.name
     )
+    check_root(sweep_dir)  # before the sweep is registered with it for good
     store.upsert_sweep(
         spec.name, {"file": spec.path, "grid": spec.raw, "resources": spec.resources}, str(sweep_dir), executor
     )

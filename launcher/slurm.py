@@ -130,17 +130,14 @@ def _executor(folder: Path, params: dict[str, Any], job_name: str) -> Any:
     return executor
 
 
-def dry_run_script(spec: SweepSpec, plans: Sequence[RunPlan]) -> str:
-    """The sbatch script `sweep launch` would submit for this sweep's runs (as one array; the
-    launch splits it where the cluster's MaxArraySize is smaller)."""
-    from submitit.slurm.slurm import _make_sbatch_string
-
-    folder = _log_folder(Path(os.environ.get("SWEEP_ROOT", "runs")).resolve() / spec.name)
-    executor_params = executor_parameters(spec.resources, spec.name)
+def dry_run_script(spec: SweepSpec, plans: Sequence[RunPlan], *, root: Path) -> str:
+    """The sbatch script `sweep launch --root ROOT` would submit for this sweep's runs (as one
+    array; the launch splits it where the cluster's MaxArraySize is smaller). Built by the
+    executor the submission uses, so the two cannot drift: paths are quoted as submitted."""
+    executor = _executor(_log_folder(root / spec.name), spec.resources, spec.name)
     if len(plans) > 1:  # one run goes out as a plain job, several as an array
-        executor_params["map_count"] = len(plans)
-    command = f"{_python()} -u -m submitit.core._submit {folder}"
-    return _make_sbatch_string(command=command, folder=folder, **executor_params)
+        executor.parameters["map_count"] = len(plans)  # as submitit does for an array
+    return executor._make_submission_file_text(executor._submitit_command_str, uid="DRYRUN")
 
 
 def _python() -> str:

@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import functools
 import json
+import math
 import os
 import types
 import typing
@@ -75,10 +76,12 @@ class Section:
     KEY: typing.ClassVar[str] = ""
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            if "range" in f.metadata:
-                key = f"{self.KEY}.{f.name}" if self.KEY else f.name
-                f.metadata["range"].check(key, getattr(self, f.name))
+        for name, key, allowed, bounds in _field_checks(type(self)):
+            value = getattr(self, name)
+            if allowed is not None and value not in allowed:
+                raise ConfigError(key, f"invalid value {value!r}; allowed: {', '.join(map(repr, allowed))}")
+            if bounds is not None:
+                bounds.check(key, value)
         self.check()
 
     def check(self) -> None:
@@ -256,7 +259,8 @@ class RecipeConfig(Section):
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     budget: BudgetConfig = field(default_factory=lambda: BudgetConfig(steps=1000))
     engine: EngineConfig = field(default_factory=EngineConfig)
-    seed: int = bounded(0, lo=0)
+    seed: int = bounded(0, lo=0, hi=2**32 - 1)
+    """torch, numpy and vLLM all take 32-bit seeds."""
 
     # -- conversions -----------------------------------------------------------------------
 
@@ -340,8 +344,12 @@ def check_value(key: str, value: Any) -> Any:
     coerced = _coerce(spec.type, value)
     if coerced is _INVALID:
         raise ConfigError(key, f"invalid value {value!r}; expected {spec.describe()}")
+    if isinstance(coerced, float) and not math.isfinite(coerced):
+        raise ConfigError(key, f"invalid value {value!r}; expected a finite number")
     if spec.range is not None:
         spec.range.check(key, coerced)
+    if isinstance(coerced, int) and abs(coerced) > MAX_INT:
+        raise ConfigError(key, f"invalid value {value!r}; must be <= {MAX_INT} (2^53)")
     return coerced
 
 
@@ -445,6 +453,8 @@ def _atomic_write(path: Path, text: str, *, mode: int) -> None:
 # Helpers
 
 _INVALID = object()
+MAX_INT = 2**53
+"""Integers a sweep file may hold: beyond this a YAML/JSON round trip through a float loses them."""
 
 
 def _key(attr: str) -> str:
@@ -459,6 +469,22 @@ def _to_dict(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
         return {_key(f.name): _to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     return obj
+
+
+@functools.cache
+def _field_checks(cls: type) -> tuple[tuple[str, str, tuple[Any, ...] | None, Range | None], ...]:
+    """Per field of a section: attribute, dotted key, Literal choices (or None), range (or None)."""
+    hints = _hints(cls)
+    prefix = f"{cls.KEY}." if getattr(cls, "KEY", "") else ""  # type: ignore[attr-defined]
+    return tuple(
+        (
+            f.name,
+            prefix + _key(f.name),
+            typing.get_args(hints[f.name]) if typing.get_origin(hints[f.name]) is Literal else None,
+            f.metadata.get("range"),
+        )
+        for f in dataclasses.fields(cls)
+    )
 
 
 @functools.cache
