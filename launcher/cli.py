@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -16,14 +17,13 @@ from rich.markup import escape
 from launcher import render
 from launcher.grid import MAX_RUNS, GridError, check_size, expand_with_warnings, load_sweep
 from launcher.preflight import check_plans, check_root
-from launcher.importer import IMPORT_COMPUTE_AXES, IMPORT_FORMATS, import_curves
+from launcher.importer import IMPORT_FORMATS, import_curves
 from launcher.launch import EXECUTORS, LaunchError, default_executor, default_root, launch
 from launcher.slurm import SlurmError
 from launcher.status import all_ended, collect, summary
-from store import TERMINAL_STATES, BadURLError, NotFoundError, Store, StoreError
+from store import COMPUTE_AXES, MEASURED_COMPUTE_AXES, TERMINAL_STATES, BadURLError, NotFoundError, Store, StoreError
 
 F = TypeVar("F", bound=Callable[..., Any])
-COMPUTE_AXES = ("flops", "gpu_hours", "tokens", "device_seconds", "step")
 REPORT_FORMATS = ("table", "md", "csv", "json", "html")
 
 
@@ -68,7 +68,24 @@ def _sweep_name(store: Store, name: str | None) -> str:
     raise NotFoundError(f"several sweeps in {store.display_url}; name one of: {', '.join(s.name for s in sweeps)}")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _OneLineErrors(click.Group):
+    """Usage errors (a bad option value, a missing argument) as one `error:` line with exit 2,
+    like every other error of the CLI, instead of click's three-line usage block."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs.pop("standalone_mode", True):
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click.ClickException as exc:
+            command = f" {exc.ctx.command_path}" if isinstance(exc, click.UsageError) and exc.ctx else ""
+            _fail(f"{exc.format_message()} (see{command} --help)" if command else exc.format_message(), exc.exit_code)
+        except click.Abort:
+            _fail("aborted", 130)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--db",
     envvar="SWEEP_DB",
@@ -183,7 +200,7 @@ def launch_cmd(
 @click.option("--watch", is_flag=True, help="Refresh until every run has ended.")
 @click.option(
     "--compute",
-    type=click.Choice(COMPUTE_AXES[:-1]),
+    type=click.Choice(MEASURED_COMPUTE_AXES),
     default=None,
     help="Compute column [default: gpu_hours on GPUs, else flops].",
 )
@@ -210,6 +227,30 @@ def status_cmd(ctx: click.Context, sweep: str | None, as_json: bool, watch: bool
     out.print(render.status_table(name, rows, compute=compute or _compute_axis(rows)))
     out.print(_summary_line(rows))
     render.print_failures(out, rows)
+
+
+class ComputeAmount(click.ParamType):
+    """A finite compute value (> 0, or >= 0 with `zero`); with `percent`, also `N%`: a fraction
+    of each configuration's own compute range. Converts to (value, is_fraction)."""
+
+    name = "compute"
+
+    def __init__(self, *, zero: bool = False, percent: bool = False):
+        self.zero, self.percent = zero, percent
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[float, bool]:
+        if isinstance(value, tuple):
+            return value
+        text = str(value).strip()
+        fraction = self.percent and text.endswith("%")
+        try:
+            number = float(text.removesuffix("%") if fraction else text)
+        except ValueError:
+            self.fail(f"{value!r} is not a number{' or a percentage (50%)' if self.percent else ''}", param, ctx)
+        bound = ">= 0" if self.zero else "> 0"
+        if not math.isfinite(number) or number < 0 or (number == 0 and not self.zero):
+            self.fail(f"{value!r}: must be a finite number {bound}", param, ctx)
+        return (number / 100, True) if fraction else (number, False)
 
 
 def _at_least_one(value: int | None) -> int | None:
@@ -289,7 +330,9 @@ def logs_cmd(ctx: click.Context, run: str, which: str, follow: bool) -> None:
     show_default=True,
     help="R0 from the first evaluation, or fitted.",
 )
-@click.option("--cutoff", type=float, default=0.0, show_default=True, help="Fit only points with compute >= this.")
+@click.option(
+    "--cutoff", type=ComputeAmount(zero=True), default="0", show_default=True, help="Fit only points with compute >= this."
+)
 @click.option(
     "--bootstrap",
     "n_boot",
@@ -300,8 +343,19 @@ def logs_cmd(ctx: click.Context, run: str, which: str, follow: bool) -> None:
 )
 @click.option("--level", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True, help="Interval level.")
 @click.option("--include-flagged", is_flag=True, help="Rank flagged fits too.")
-@click.option("--fit-until", type=float, default=None, help="Extrapolate: fit compute up to this ...")
-@click.option("--predict", "predict_at", type=float, default=None, help="... and predict the pass rate here.")
+@click.option(
+    "--fit-until",
+    type=ComputeAmount(percent=True),
+    default=None,
+    help="Extrapolate: fit compute up to this (or N%: of each configuration's own compute range) ...",
+)
+@click.option(
+    "--predict",
+    "predict_at",
+    type=ComputeAmount(percent=True),
+    default=None,
+    help="... and predict the pass rate here (same units as --fit-until).",
+)
 @click.pass_context
 @_errors
 def report_cmd(
@@ -312,12 +366,12 @@ def report_cmd(
     compute: str | None,
     method: str,
     r0: str,
-    cutoff: float,
+    cutoff: tuple[float, bool],
     n_boot: int,
     level: float,
     include_flagged: bool,
-    fit_until: float | None,
-    predict_at: float | None,
+    fit_until: tuple[float, bool] | None,
+    predict_at: tuple[float, bool] | None,
 ) -> None:
     """Fit the sigmoid to every configuration's curve; rank by A, then B; compare; judge each axis.
 
@@ -325,14 +379,17 @@ def report_cmd(
     DIR gets one PNG per configuration and per axis, and the report file in the chosen format
     (table: the table is printed, plots only).
     """
-    from launcher.plots import PlotError
-    from launcher.report import ReportOptions, build_report
-    from launcher.report_render import render_table, render_text, write_report
+    from analysis.report.plots import PlotError
+    from analysis.report.build import ReportOptions, build_report
+    from analysis.report.render import render_table, render_text, write_report
 
+    if fit_until is not None and predict_at is not None and fit_until[1] != predict_at[1]:
+        raise click.UsageError("give --fit-until and --predict both as percentages or both as compute")
     try:
         options = ReportOptions(
-            compute=compute, method=method, r0=r0, cutoff=cutoff, n_boot=n_boot, level=level,
-            include_flagged=include_flagged, fit_until=fit_until, predict_at=predict_at,
+            compute=compute, method=method, r0=r0, cutoff=cutoff[0], n_boot=n_boot, level=level,
+            include_flagged=include_flagged, fit_until=fit_until and fit_until[0],
+            predict_at=predict_at and predict_at[0], relative=bool(fit_until and fit_until[1]),
         )  # fmt: skip
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -360,7 +417,7 @@ def report_cmd(
 @click.option("--sweep", "sweep", required=True, help="Sweep to import into (created if it does not exist).")
 @click.option(
     "--compute-axis",
-    type=click.Choice(IMPORT_COMPUTE_AXES),
+    type=click.Choice(MEASURED_COMPUTE_AXES),
     default="gpu_hours",
     show_default=True,
     help="Which compute column the file's `compute` is.",

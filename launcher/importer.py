@@ -45,9 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from launcher.grid import NAME_RE
-from store import RUN_STATES, AttemptState, NewRun, RunState, Store
+from store import MEASURED_COMPUTE_AXES, RUN_STATES, AttemptState, NewRun, RunState, Store
 
-IMPORT_COMPUTE_AXES = ("gpu_hours", "flops", "tokens", "device_seconds")
 IMPORT_FORMATS = ("csv", "jsonl")
 REQUIRED = ("run", "compute", "pass_rate")
 RESERVED = (*REQUIRED, "step")
@@ -118,8 +117,8 @@ def import_curves(
     store: Store, path: Path, sweep: str, *, compute_axis: str = "gpu_hours", fmt: str | None = None
 ) -> ImportResult:
     """Validate the whole file, then write its runs and points into `sweep` (created if new)."""
-    if compute_axis not in IMPORT_COMPUTE_AXES:
-        raise ValueError(f"compute axis must be one of {', '.join(IMPORT_COMPUTE_AXES)}, got {compute_axis!r}")
+    if compute_axis not in MEASURED_COMPUTE_AXES:
+        raise ValueError(f"compute axis must be one of {', '.join(MEASURED_COMPUTE_AXES)}, got {compute_axis!r}")
     if not NAME_RE.match(sweep):
         raise ValueError(
             f"invalid sweep name {sweep!r}: 1-64 characters of letters, digits, '.', '_', '-', "

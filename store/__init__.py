@@ -15,6 +15,7 @@ from store.api import (
     resolve_url,
     scrub,
 )
+from store.axes import COMPUTE_AXES, MEASURED_COMPUTE_AXES
 from store.errors import BadURLError, NotFoundError, SchemaError, StoreError
 from store.states import (
     ACTIVE_STATES,
@@ -31,6 +32,8 @@ from store.states import (
 )
 
 __all__ = [
+    "COMPUTE_AXES",
+    "MEASURED_COMPUTE_AXES",
     "ACTIVE_STATES",
     "ATTEMPT_STATES",
     "CANCELLABLE_STATES",

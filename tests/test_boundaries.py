@@ -1,5 +1,6 @@
-"""The house rules of DESIGN.md: the control plane never imports torch/vllm/deepspeed, and only
-store/ touches SQLAlchemy."""
+"""The house rules (docs/architecture.md): the control plane never imports torch/vllm/deepspeed,
+only store/ touches SQLAlchemy, data flows one way, and launcher/ (but its thin CLI) knows nothing
+of the analysis stage."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "vllm", "deepspeed", "transformers")
-CONTROL_PLANE = ["launcher.cli", "launcher.local", "launcher.report", "store", "analysis", "recipe.config"]
+CONTROL_PLANE = [
+    "launcher.cli", "launcher.local", "launcher.preflight", "analysis.report.build", "analysis.report.render",
+    "store", "analysis", "recipe.config", "recipe.math",
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("module", CONTROL_PLANE)
@@ -61,13 +65,36 @@ def test_one_way_data_flow(package, allowed):
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
 
 
+def _imported_modules(path: Path) -> list[str]:
+    """Every module `path` imports, in full (`import a.b` and `from a.b import c` give a.b)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+    return names
+
+
 def test_launcher_uses_only_the_torch_free_part_of_recipe():
+    # the one exception: the job function hands over to the recipe inside the job; recipe.math
+    # (stdlib only; math-verify runs in its worker processes) checks math-jsonl data at launch
+    allowed = {"recipe.config", "recipe.math"}
     for path in _package_files("launcher"):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("recipe"):
-                # the one exception: the job function hands over to the recipe inside the job;
-                # recipe.math (stdlib only; math-verify runs in its worker processes) checks
-                # math-jsonl data at launch
-                allowed = {"recipe.config", "recipe.math"}
-                assert node.module in allowed or path.name == "job.py", f"{path.name} imports {node.module}"
+        for module in _imported_modules(path):
+            if module.split(".")[0] == "recipe":
+                assert module in allowed or path.name == "job.py", f"{path.name} imports {module}"
+
+
+def test_launcher_core_knows_nothing_of_the_analysis_stage():
+    """Launching and tracking never import analysis/; only the thin CLI hands over to the report."""
+    for path in _package_files("launcher"):
+        if path.name == "cli.py":
+            continue
+        bad = [m for m in _imported_modules(path) if m.split(".")[0] == "analysis"]
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def test_no_report_plot_or_ranking_code_in_launcher():
+    names = {p.stem for p in _package_files("launcher")}
+    assert not names & {"report", "report_render", "plots", "ranking"}, names

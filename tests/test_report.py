@@ -15,7 +15,7 @@ from analysis.synthetic import PAPER_TABLE1, noisy_curve
 from launcher.cli import cli
 from store import NewRun, Store
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "launcher" / "report.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "analysis" / "report" / "report.schema.json").read_text())
 COMPUTE = np.linspace(0, 16000, 81)  # GPU-hours, an eval every 200
 
 

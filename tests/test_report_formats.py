@@ -20,10 +20,10 @@ from matplotlib.colors import to_rgb
 from matplotlib.image import imread
 
 from analysis.synthetic import PAPER_TABLE1, noisy_curve
-from launcher import plots
+from analysis.report import plots
 from launcher.cli import cli
-from launcher.report import Report, ReportOptions, build_report
-from launcher.report_render import CSV_FIXED, render_csv, render_html, render_markdown, to_json_dict
+from analysis.report.build import Report, ReportOptions, build_report
+from analysis.report.render import CSV_FIXED, render_csv, render_html, render_markdown, to_json_dict
 from store import NewRun, Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +113,7 @@ def test_csv_has_one_row_per_configuration_with_the_reports_exact_numbers(report
         assert int(row["n_points"]) == want["n_points"]
         assert row["seeds"].split(";") == [str(s) for s in want["seeds"]]
         assert row["run_ids"].split(";") == want["run_ids"]
-        assert row["flags"].split(";") if row["flags"] else [] == want["flags"]
+        assert (row["flags"].split(";") if row["flags"] else []) == want["flags"]
         e = want["extrapolation"]
         assert float(row["predicted"]) == e["predicted"] and float(row["observed"]) == e["observed"]
         assert [float(row["predicted_lo"]), float(row["predicted_hi"])] == e["band"]
@@ -179,7 +179,7 @@ def test_without_out_the_report_goes_to_stdout(db, fmt):
 
 
 def test_the_cli_does_not_import_matplotlib_until_it_plots():
-    code = "import sys, launcher.cli, launcher.report_render, launcher.plots; print('matplotlib' in sys.modules)"
+    code = "import sys, launcher.cli, analysis.report.render, analysis.report.plots; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

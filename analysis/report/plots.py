@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from launcher.report import PARALLEL_ABOVE, ConfigResult, Report
+from analysis.report.build import PARALLEL_ABOVE, ConfigResult, Report
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

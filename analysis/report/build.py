@@ -1,6 +1,7 @@
 """`sweep report`: fit every configuration's curve, rank, compare, extrapolate, judge each axis.
 
-This module computes; `launcher.report_render` turns a Report into a table, Markdown, CSV, JSON,
+This module reads the store and computes (the pure ranking, comparisons and effects are
+`analysis.ranking`); `analysis.report.render` turns a Report into a table, Markdown, CSV, JSON,
 HTML and plots. A configuration is a run's axis values without its seed: the seeds of one
 configuration are fitted jointly (one A, B, Cmid) and bootstrapped together.
 
@@ -23,33 +24,18 @@ from typing import Any
 from analysis import (
     PAPER_MARGIN,
     AxisEffect,
-    BootstrapResult,
     Comparison,
-    Extrapolation,
     FitOptions,
-    FitResult,
-    axis_effect,
     bootstrap,
     bootstrap_pooled,
-    compare,
     extrapolate,
     fit_pooled,
 )
-from store import EvalRecord, Store
+from analysis.ranking import ConfigResult, Curve, comparisons, config_label, effects, rank
+from store import COMPUTE_AXES, EvalRecord, Store
 
 SCHEMA_VERSION = 1
-COMPUTE_AXES = ("gpu_hours", "flops", "tokens", "device_seconds", "step")
-MAX_COMPARISONS = 20
 PARALLEL_ABOVE = 8  # configurations; below this a process pool costs more than it saves
-
-
-@dataclass(frozen=True)
-class Curve:
-    run: str
-    seed: int | None
-    state: str
-    compute: tuple[float, ...]
-    pass_rate: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -64,6 +50,9 @@ class ReportOptions:
     include_flagged: bool = False
     fit_until: float | None = None
     predict_at: float | None = None
+    relative: bool = False
+    """fit_until and predict_at are fractions of each configuration's own compute range (its
+    largest compute), as `--fit-until 50% --predict 100%` gives them."""
     workers: int | None = None  # None: the number of cores
 
     def __post_init__(self) -> None:
@@ -71,6 +60,9 @@ class ReportOptions:
             raise ValueError(f"compute must be one of {', '.join(COMPUTE_AXES)}, got {self.compute!r}")
         if (self.fit_until is None) != (self.predict_at is None):
             raise ValueError("give --fit-until and --predict together")
+        for name, value in (("--cutoff", self.cutoff), ("--fit-until", self.fit_until), ("--predict", self.predict_at)):
+            if value is not None and (not math.isfinite(value) or value < 0 or (value == 0 and name != "--cutoff")):
+                raise ValueError(f"{name} must be a finite number {'>= 0' if name == '--cutoff' else '> 0'}, got {value}")
         if self.fit_until is not None and self.predict_at is not None and self.predict_at <= self.fit_until:
             raise ValueError(f"--predict ({self.predict_at}) must lie beyond --fit-until ({self.fit_until})")
         if self.n_boot < 0:
@@ -78,28 +70,6 @@ class ReportOptions:
 
     def fit_options(self) -> FitOptions:
         return FitOptions(method=self.method, r0=self.r0, cutoff=self.cutoff)
-
-
-@dataclass(frozen=True)
-class ConfigResult:
-    label: str
-    axes: dict[str, Any]
-    curves: tuple[Curve, ...]
-    fit: FitResult
-    boot: BootstrapResult | None = None
-    extrapolation: Extrapolation | None = None
-    rank: int | None = None
-
-    @property
-    def runs(self) -> list[str]:
-        return [c.run for c in self.curves]
-
-    @property
-    def seeds(self) -> list[int | None]:
-        return [c.seed for c in self.curves]
-
-    def curve_data(self) -> list[tuple[tuple[float, ...], tuple[float, ...]]]:
-        return [(c.compute, c.pass_rate) for c in self.curves]
 
 
 @dataclass(frozen=True)
@@ -168,8 +138,12 @@ def finish_report(sweep: str, options: ReportOptions, compute: str, configs: lis
         options=options,
         compute=compute,
         configs=tuple(ranked),
-        comparisons=tuple(_comparisons(ranked, options)),
-        effects=tuple(_effects(ranked, options)),
+        comparisons=tuple(
+            comparisons(
+                ranked, margin=options.margin, n_boot=options.n_boot, level=options.level, options=options.fit_options()
+            )
+        ),
+        effects=tuple(effects(ranked, margin=options.margin, level=options.level)),
     )
 
 
@@ -185,69 +159,16 @@ def _analyse_one(group: tuple[str, dict[str, Any], tuple[Curve, ...]], options: 
     extrap = None
     if options.fit_until is not None and options.predict_at is not None:
         compute_all, pass_all = _concatenate(data)
+        scale = max(compute_all) if options.relative else 1.0
         extrap = extrapolate(
-            compute_all, pass_all, fit_until=options.fit_until, predict_at=options.predict_at,
+            compute_all, pass_all, fit_until=options.fit_until * scale, predict_at=options.predict_at * scale,
             n_boot=max(options.n_boot, 50), level=options.level, options=fit_options,
         )  # fmt: skip
     return ConfigResult(label=label, axes=axes, curves=curves, fit=fit, boot=boot, extrapolation=extrap)
 
 
-def rank(configs: Sequence[ConfigResult], *, include_flagged: bool = False) -> list[ConfigResult]:
-    """Ranked configurations first (by A, then B, higher first), then the unranked ones."""
-    eligible = [c for c in configs if c.fit.ok and (include_flagged or not c.fit.flags)]
-    ranked = sorted(eligible, key=lambda c: (-c.fit.A, -c.fit.B))
-    rest = [replace(c, rank=None) for c in configs if c not in eligible]
-    return [replace(c, rank=i + 1) for i, c in enumerate(ranked)] + rest
-
-
-def _comparisons(configs: Sequence[ConfigResult], options: ReportOptions) -> list[Comparison]:
-    ranked = [c for c in configs if c.rank is not None][: MAX_COMPARISONS + 1]
-    out = []
-    for a, b in zip(ranked, ranked[1:]):
-        out.append(
-            compare(
-                a.curve_data(),
-                b.curve_data(),
-                margin=options.margin,
-                labels=(a.label, b.label),
-                n_boot=max(options.n_boot, 50),
-                level=options.level,
-                options=options.fit_options(),
-            )  # fmt: skip
-        )
-    return out
-
-
-def _effects(configs: Sequence[ConfigResult], options: ReportOptions) -> list[AxisEffect]:
-    """For each axis: does it move the asymptote or only the efficiency?"""
-    usable = [c for c in configs if c.fit.ok]
-    keys: list[str] = []
-    for c in usable:
-        keys += [k for k in c.axes if k not in keys]
-    effects = []
-    for key in keys:
-        groups: dict[str, list[Any]] = {}
-        for c in usable:
-            groups.setdefault(_fmt(c.axes.get(key)), []).append(c.boot or c.fit)
-        if len(groups) < 2:
-            continue
-        reference = "base" if key == "ablate" and "base" in groups else None
-        effects.append(axis_effect(groups, axis=key, reference=reference, margin=options.margin, level=options.level))
-    return effects
-
-
 # ---------------------------------------------------------------------------------------------
 # Helpers
-
-
-def config_label(axes: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={_fmt(v)}" for k, v in axes.items())
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
 
 
 def _default_axis(points: dict[str, list[EvalRecord]]) -> str:

@@ -3,7 +3,7 @@ report.schema.json), one self-contained HTML page, and the files of `--out DIR`.
 
 Rendering only: every number comes from the Report, nothing is refitted. The table, Markdown and
 HTML share one grid of cells (`fit_grid`), so the three show the same text for the same fit.
-Plots (launcher.plots, matplotlib) are drawn only for html and --out.
+Plots (analysis.report.plots, matplotlib) are drawn only for html and --out.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from rich.table import Table
 from rich.text import Text
 
 from analysis import AxisEffect, Comparison, Extrapolation, Interval
-from launcher.plots import Plot, config_plot_name, render_plots
-from launcher.report import SCHEMA_VERSION, ConfigResult, Report
+from analysis.report.plots import Plot, config_plot_name, render_plots
+from analysis.report.build import SCHEMA_VERSION, ConfigResult, Report
 
 PARAMS = ("A", "B", "Cmid")
 FILE_NAMES = {"md": "report.md", "csv": "report.csv", "json": "report.json", "html": "report.html"}

@@ -1,0 +1,116 @@
+"""Ranking, comparisons and axis effects over fitted configurations: the pure part of the report.
+
+A configuration is a run's axis values without its seed; its seeds' curves are fitted jointly.
+Ranking (the paper's question, "which choice raises the ceiling"): by A, then B, among the
+configurations whose fit carries no flag. Adjacent ranked configurations are compared with the
+paper's rule: A's within the margin (or with overlapping intervals) are refitted with a shared A
+and compared on B. Each axis gets a verdict: does it move A, or only B and Cmid? (docs/analysis.md)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from analysis.comparison import Comparison, compare
+from analysis.curve import FitResult
+from analysis.effects import AxisEffect, axis_effect
+from analysis.extrapolation import Extrapolation
+from analysis.intervals import BootstrapResult
+from analysis.options import FitOptions
+
+MAX_COMPARISONS = 20
+
+
+@dataclass(frozen=True)
+class Curve:
+    run: str
+    seed: int | None
+    state: str
+    compute: tuple[float, ...]
+    pass_rate: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ConfigResult:
+    label: str
+    axes: dict[str, Any]
+    curves: tuple[Curve, ...]
+    fit: FitResult
+    boot: BootstrapResult | None = None
+    extrapolation: Extrapolation | None = None
+    rank: int | None = None
+
+    @property
+    def runs(self) -> list[str]:
+        return [c.run for c in self.curves]
+
+    @property
+    def seeds(self) -> list[int | None]:
+        return [c.seed for c in self.curves]
+
+    def curve_data(self) -> list[tuple[tuple[float, ...], tuple[float, ...]]]:
+        return [(c.compute, c.pass_rate) for c in self.curves]
+
+
+def rank(configs: Sequence[ConfigResult], *, include_flagged: bool = False) -> list[ConfigResult]:
+    """Ranked configurations first (by A, then B, higher first), then the unranked ones."""
+    eligible = [c for c in configs if c.fit.ok and (include_flagged or not c.fit.flags)]
+    ranked = sorted(eligible, key=lambda c: (-c.fit.A, -c.fit.B))
+    rest = [replace(c, rank=None) for c in configs if c not in eligible]
+    return [replace(c, rank=i + 1) for i, c in enumerate(ranked)] + rest
+
+
+def comparisons(
+    configs: Sequence[ConfigResult], *, margin: float, n_boot: int, level: float, options: FitOptions
+) -> list[Comparison]:
+    """The paper's rule on neighbours in the ranking (at most `MAX_COMPARISONS` pairs)."""
+    ranked = [c for c in configs if c.rank is not None][: MAX_COMPARISONS + 1]
+    out = []
+    for a, b in zip(ranked, ranked[1:]):
+        out.append(
+            compare(
+                a.curve_data(),
+                b.curve_data(),
+                margin=margin,
+                labels=(a.label, b.label),
+                n_boot=max(n_boot, 50),
+                level=level,
+                options=options,
+            )  # fmt: skip
+        )
+    return out
+
+
+def effects(configs: Sequence[ConfigResult], *, margin: float, level: float) -> list[AxisEffect]:
+    """For each axis: does it move the asymptote or only the efficiency?"""
+    usable = [c for c in configs if c.fit.ok]
+    keys: list[str] = []
+    for c in usable:
+        keys += [k for k in c.axes if k not in keys]
+    effects = []
+    for key in keys:
+        groups: dict[str, list[Any]] = {}
+        for c in usable:
+            groups.setdefault(fmt_axis_value(c.axes.get(key)), []).append(c.boot or c.fit)
+        if len(groups) < 2:
+            continue
+        reference = "base" if key == "ablate" and "base" in groups else None
+        effects.append(axis_effect(groups, axis=key, reference=reference, margin=margin, level=level))
+    return effects
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Labels
+
+
+def config_label(axes: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={fmt_axis_value(v)}" for k, v in axes.items())
+
+
+def fmt_axis_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
