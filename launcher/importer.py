@@ -301,10 +301,14 @@ def _number(value: Any, name: str) -> float:
     return number
 
 
+MAX_STEP = 2**31 - 1
+"""The store's step column is a 32-bit integer (PostgreSQL's INTEGER)."""
+
+
 def _step(value: Any) -> int:
     number = _number(value, "step")
-    if number != int(number) or number < 0:
-        raise ValueError(f"step {value!r} is not an integer >= 0")
+    if number != int(number) or not 0 <= number <= MAX_STEP:
+        raise ValueError(f"step {value!r} is not an integer in [0, {MAX_STEP}]")
     return int(number)
 
 
@@ -314,16 +318,24 @@ def _label(key: str, value: Any) -> Any:
         raise ValueError(f"label {key!r} is a {type(value).__name__}; labels are single values")
     if key == "seed":
         number = _number(value, "seed")
-        if number != int(number):
-            raise ValueError(f"seed {value!r} is not an integer")
+        if number != int(number) or not 0 <= number <= 2**32 - 1:
+            raise ValueError(f"seed {value!r} is not an integer in [0, {2**32 - 1}]")
         return int(number)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"label {key!r} is {value!r}, not a finite number")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
+        raise ValueError(f"label {key!r} is {value!r}: integers up to 2^53 only")
     if isinstance(value, str):
+        if value.strip().lower() in ("nan", "inf", "-inf", "+inf", "infinity", "-infinity"):
+            raise ValueError(f"label {key!r} is {value!r}, not a finite number")
         for kind in (int, float):
             try:
                 number = kind(value)
             except ValueError:
                 continue
-            return number if math.isfinite(number) else value
+            if kind is int and abs(number) > 2**53:
+                raise ValueError(f"label {key!r} is {value!r}: integers up to 2^53 only")
+            return number
     return value
 
 
@@ -348,20 +360,14 @@ def _check_against_store(store: Store, path: Path, sweep: str, runs: Sequence[Im
 
 
 def _write(store: Store, path: Path, sweep: str, compute_axis: str, runs: Sequence[ImportedRun]) -> ImportResult:
-    created = store.get_sweep(sweep) is None
-    if created:
-        store.upsert_sweep(sweep, {"name": sweep, "imported_from": str(path)}, root_dir="", executor=EXECUTOR)
-    start = max((r.position for r in store.runs(sweep)), default=-1) + 1
-    new = set(store.register_runs(sweep, [_new_run(path, sweep, run, start + i) for i, run in enumerate(runs)]))
-    now = datetime.now(UTC)
-    for run in runs:
-        rid = run.id(sweep)
-        store.add_eval_points(rid, run.points)
-        store.set_run_step(rid, max(point["step"] for point in run.points))
-        if rid in new:
-            store.add_attempt(rid, EXECUTOR, state=AttemptState.COMPLETED, started_at=now, ended_at=now)
-    ids = [run.id(sweep) for run in runs]
-    store.set_runs_state(ids, RunState.COMPLETED, only_from=RUN_STATES, reason=f"imported from {path.name}")
+    """Everything in one store transaction (`Store.import_runs`): an error leaves nothing behind."""
+    created, new = store.import_runs(
+        sweep,
+        {"name": sweep, "imported_from": str(path)},
+        [(_new_run(path, sweep, run, i), run.points) for i, run in enumerate(runs)],
+        executor=EXECUTOR,
+        reason=f"imported from {path.name}",
+    )
     return ImportResult(
         sweep=sweep,
         compute_axis=compute_axis,

@@ -354,6 +354,53 @@ class Store:
                 inserted.update(s.scalars(stmt.returning(Run.id)))
             return [r.id for r in runs if r.id in inserted]
 
+    def import_runs(
+        self,
+        sweep: str,
+        spec: dict[str, Any],
+        runs: Sequence[tuple[NewRun, Sequence[dict[str, Any]]]],
+        *,
+        executor: str,
+        reason: str,
+    ) -> tuple[bool, list[str]]:
+        """`sweep import`: the sweep (created if new), its runs and their eval points, each run
+        completed with one attempt, all in ONE transaction: a failure leaves nothing behind.
+        Returns (whether the sweep was created, the ids of the runs that were new)."""
+        now = utcnow()
+        with self._write(f"importing {len(runs)} runs into {sweep!r}") as s:
+            created = s.scalar(select(Sweep.id).where(Sweep.name == sweep)) is None
+            if created:
+                s.add(Sweep(name=sweep, spec=spec, root_dir="", executor=executor))
+                s.flush()
+            sweep_id = _sweep_id(s, sweep)
+            start = (s.scalar(select(func.max(Run.position)).where(Run.sweep_id == sweep_id)) or -1) + 1
+            rows = [
+                {"id": r.id, "sweep_id": sweep_id, "position": start + i, "config": r.config, "axes": r.axes,
+                 "budget": r.budget, "run_dir": r.run_dir, "state": RunState.COMPLETED, "state_reason": reason,
+                 "step": max((p["step"] for p in points), default=0)}
+                for i, (r, points) in enumerate(runs)
+            ]  # fmt: skip
+            new: set[str] = set()
+            for chunk in range(0, len(rows), 1000):  # SQLite caps the bound parameters of one statement
+                stmt = _insert(self)(Run).values(rows[chunk : chunk + 1000]).on_conflict_do_nothing()
+                new.update(s.scalars(stmt.returning(Run.id)))
+            for row in rows:
+                if row["id"] not in new:  # imported before: new points may extend it
+                    s.execute(update(Run).where(Run.id == row["id"]).values(step=row["step"], state=RunState.COMPLETED))
+            s.add_all(
+                Attempt(run_id=r.id, number=1, executor=executor, state=AttemptState.COMPLETED, started_at=now, ended_at=now)
+                for r, _ in runs
+                if r.id in new
+            )
+            points = [
+                {"run_id": r.id, "metrics": {}, "created_at": now, **{k: p[k] for k in EVAL_FIELDS if k in p}}
+                for r, pts in runs
+                for p in pts
+            ]
+            for chunk in range(0, len(points), 1000):
+                s.execute(self._eval_upsert, points[chunk : chunk + 1000])
+            return created, [r.id for r, _ in runs if r.id in new]
+
     def set_run_budget(self, run_id: str, budget: dict[str, Any], config: dict[str, Any]) -> None:
         with self._write(f"updating the budget of run {run_id}") as s:
             s.execute(update(Run).where(Run.id == run_id).values(budget=budget, config=config))

@@ -160,7 +160,11 @@ GOOD_CSV = "run,compute,pass_rate,step,lr\na,0,0.3,0,0.001\na,100,0.4,1,0.001\nb
         ("not finite", GOOD_CSV.replace("a,100,0.4", "a,inf,0.4"), "3: compute 'inf' is not a finite number"),
         ("pass rate > 1", GOOD_CSV.replace("b,100,0.5", "b,100,1.5"), "5: pass_rate '1.5' is outside [0, 1]"),
         ("negative compute", GOOD_CSV.replace("b,0,0.3", "b,-3,0.3"), "4: compute '-3' is negative"),
-        ("bad step", GOOD_CSV.replace("b,100,0.5,1", "b,100,0.5,1.5"), "5: step '1.5' is not an integer >= 0"),
+        ("bad step", GOOD_CSV.replace("b,100,0.5,1", "b,100,0.5,1.5"), "5: step '1.5' is not an integer in [0, 2147483647]"),
+        ("huge step", GOOD_CSV.replace("b,100,0.5,1", "b,100,0.5,1e30"), "5: step '1e30' is not an integer in [0, 2147483647]"),
+        ("nan label", GOOD_CSV.replace("b,100,0.5,1,0.002", "b,100,0.5,1,nan").replace("b,0,0.3,0,0.002", "b,0,0.3,0,nan"),
+         "4: label 'lr' is 'nan', not a finite number\n{path}:5: label 'lr' is 'nan', not a finite number"),
+        ("huge seed", "run,compute,pass_rate,seed\na,0,0.3,1e23\n", "2: seed '1e23' is not an integer in [0, 4294967295]"),
         ("duplicate step", GOOD_CSV.replace("b,100,0.5,1", "b,100,0.5,0"), "5: run 'b' has step 0 twice (also on line 4)"),
         (
             "label varies",
@@ -184,8 +188,26 @@ def test_a_bad_csv_row_is_named_by_line_and_nothing_is_written(sqlite_url, tmp_p
     for sweep in ("imported", "fresh"):
         code, out = _sweep(sqlite_url, "import", str(path), "--sweep", sweep)
         assert code == 1, out
-        assert out.splitlines() == [f"error: cannot import {path}; nothing was written:", f"{path}:{error}"]
+        assert out.splitlines() == [f"error: cannot import {path}; nothing was written:", *f"{path}:{error}".format(path=path).splitlines()]
         assert _snapshot(sqlite_url) == before
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        GOOD_CSV.replace("b,100,0.5,1", "b,100,0.5,1e30"),
+        GOOD_CSV.replace("b,100,0.5,1,0.002", "b,100,0.5,1,nan").replace("b,0,0.3,0,0.002", "b,0,0.3,0,nan"),
+        "run,compute,pass_rate,lr\na,0,0.3,inf\n",
+    ],
+)
+def test_a_refused_import_leaves_no_sweep_on_either_database(db_url, tmp_path, bad):
+    path = tmp_path / "bad.csv"
+    path.write_text(bad)
+    code, out = _sweep(db_url, "import", str(path), "--sweep", "fresh")
+    assert code == 1 and "nothing was written" in out and "Traceback" not in out, out
+    from store import Store
+
+    assert [s.name for s in Store(db_url).list_sweeps()] == []
 
 
 @pytest.mark.parametrize(
