@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from functools import wraps
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import click
 from rich.markup import escape
@@ -73,10 +73,11 @@ class _OneLineErrors(click.Group):
     like every other error of the CLI, instead of click's three-line usage block."""
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
+        main: Callable[..., Any] = super().main
         if not kwargs.pop("standalone_mode", True):
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return main(*args, standalone_mode=False, **kwargs)
         try:
-            code = super().main(*args, standalone_mode=False, **kwargs)
+            code = main(*args, standalone_mode=False, **kwargs)
         except click.ClickException as exc:
             command = f" {exc.ctx.command_path}" if isinstance(exc, click.UsageError) and exc.ctx else ""
             _fail(f"{exc.format_message()} (see{command} --help)" if command else exc.format_message(), exc.exit_code)
@@ -364,8 +365,8 @@ def report_cmd(
     fmt: str,
     out: Path | None,
     compute: str | None,
-    method: str,
-    r0: str,
+    method: Literal["fast", "reference"],
+    r0: Literal["first", "fit"],
     cutoff: tuple[float, bool],
     n_boot: int,
     level: float,

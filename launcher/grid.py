@@ -427,10 +427,10 @@ def _expand(spec: SweepSpec, matched: list[int]) -> list[RunPlan]:
         variants.append((point, None))
         variants += [(point | change, _label(change)) for change in spec.ablate]
 
-    resolved = []
-    for values, ablation in variants:
+    resolved: list[tuple[str, RecipeConfig, str | None, int]] = []
+    for point_values, ablation in variants:
         for seed in spec.seeds:
-            config = _resolve(spec, {**spec.recipe, **values, "seed": seed}, values)
+            config = _resolve(spec, {**spec.recipe, **point_values, "seed": seed}, point_values)
             if not _excluded(spec, config, matched):
                 resolved.append((run_id(spec.name, config), config, ablation, seed))
     # An ablation that lands on another grid point is that point: label it as the point.

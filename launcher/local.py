@@ -163,7 +163,8 @@ def _orphans(store: Store, slots: list[Slot]) -> int:
     ours = {slot.attempt.id for slot in slots}
     host, alive = socket.gethostname(), 0
     for attempt in store.active_attempts(EXECUTOR):
-        pid = attempt.pid or (int(attempt.job_id) if (attempt.job_id or "").isdigit() else None)
+        job_id = attempt.job_id or ""
+        pid = attempt.pid or (int(job_id) if job_id.isdigit() else None)
         if attempt.id in ours or attempt.state == AttemptState.QUEUED or attempt.node != host or pid is None:
             continue
         if is_alive(pid):

@@ -353,8 +353,8 @@ def reconcile(store: Store, sweep: str) -> str:
             outcomes.append(
                 (attempt.id, *_ended(info, attempt.stderr_path, state), {"ended_at": info.end, "node": info.node})
             )
-    for state, run_ids in moves.items():
-        store.set_runs_state(run_ids, state, only_from=ACTIVE_STATES)
+    for moved_to, run_ids in moves.items():
+        store.set_runs_state(run_ids, moved_to, only_from=ACTIVE_STATES)
     if outcomes:
         store.settle_attempts(outcomes)
     submit_waiting(store, sweep)

@@ -317,7 +317,7 @@ def _build_schema(cls: type, prefix: str = "") -> dict[str, FieldSpec]:
     for f in dataclasses.fields(cls):
         key = prefix + _key(f.name)
         tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             out.update(_build_schema(tp, key + "."))
             continue
         allowed = typing.get_args(tp) if typing.get_origin(tp) is Literal else None
@@ -438,7 +438,7 @@ def read_run_files(run_dir: str | Path) -> tuple[dict[str, Any], RecipeConfig]:
     nested = OmegaConf.to_container(OmegaConf.load(run_dir / CONFIG_FILE), resolve=True)
     if not isinstance(nested, dict):
         raise ConfigError(str(run_dir / CONFIG_FILE), "the file must hold a mapping")
-    return info, RecipeConfig.from_dict(nested)
+    return info, RecipeConfig.from_dict({str(k): v for k, v in nested.items()})
 
 
 def _atomic_write(path: Path, text: str, *, mode: int) -> None:
@@ -471,11 +471,20 @@ def _to_dict(obj: Any) -> Any:
     return obj
 
 
-@functools.cache
-def _field_checks(cls: type) -> tuple[tuple[str, str, tuple[Any, ...] | None, Range | None], ...]:
+_FieldChecks = tuple[tuple[str, str, tuple[Any, ...] | None, Range | None], ...]
+_FIELD_CHECKS: dict[type, _FieldChecks] = {}
+
+
+def _field_checks(cls: type[Section]) -> _FieldChecks:
     """Per field of a section: attribute, dotted key, Literal choices (or None), range (or None)."""
-    hints = _hints(cls)
-    prefix = f"{cls.KEY}." if getattr(cls, "KEY", "") else ""  # type: ignore[attr-defined]
+    if cls not in _FIELD_CHECKS:
+        _FIELD_CHECKS[cls] = _make_field_checks(cls)
+    return _FIELD_CHECKS[cls]
+
+
+def _make_field_checks(cls: type[Section]) -> _FieldChecks:
+    hints = _hints(typing.cast(type, cls))
+    prefix = f"{cls.KEY}." if cls.KEY else ""
     return tuple(
         (
             f.name,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import typing
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -323,7 +324,7 @@ class Store:
         with self._write(f"registering sweep {name!r}") as s:
             stmt = _insert(self)(Sweep).values(**values)
             s.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={**values, "updated_at": utcnow()}))
-            return _sweep(s.scalar(select(Sweep).where(Sweep.name == name)))
+            return _sweep(s.scalars(select(Sweep).where(Sweep.name == name)).one())
 
     def get_sweep(self, name: str) -> SweepRecord | None:
         with self._read(f"reading sweep {name!r}") as s:
@@ -454,7 +455,7 @@ class Store:
             values: dict[str, Any] = {"state": state, "state_reason": reason}
             if state != RunState.SUBMITTING:
                 values["claim"] = None
-            return s.execute(query.values(**values)).rowcount > 0
+            return s.execute(query.values(**values)).rowcount > 0  # type: ignore[attr-defined]  # a CursorResult
 
     def set_run_step(self, run_id: str, step: int) -> None:
         with self._write(f"recording the step of run {run_id}") as s:
@@ -534,7 +535,7 @@ class Store:
                         update(Run)
                         .where(Run.id == row.run_id, Run.state.in_(ACTIVE_STATES))
                         .values(state=state, state_reason=reason, claim=None)
-                    ).rowcount
+                    ).rowcount  # type: ignore[attr-defined]  # a CursorResult
         return changed
 
     def record_submissions(self, executor: str, submissions: Sequence[dict[str, Any]], run_state: str) -> None:
@@ -580,7 +581,7 @@ class Store:
         with self._write(f"setting {len(run_ids)} runs to {state}") as s:
             for chunk in _chunks(list(run_ids)):
                 query = update(Run).where(Run.id.in_(chunk), Run.state.in_(only_from))
-                moved += s.execute(query.values(state=state, state_reason=reason, claim=None)).rowcount
+                moved += s.execute(query.values(state=state, state_reason=reason, claim=None)).rowcount  # type: ignore[attr-defined]  # a CursorResult
         return moved
 
     def withdraw_submissions(self, run_ids: Sequence[str], reason: str) -> int:
@@ -594,7 +595,7 @@ class Store:
                 query = update(Run).where(Run.id.in_(chunk), Run.state.in_(waiting))
                 moved += s.execute(
                     query.values(state=RunState.REGISTERED, state_reason=reason, claim=None)
-                ).rowcount
+                ).rowcount  # type: ignore[attr-defined]  # a CursorResult
                 s.execute(
                     update(Attempt)
                     .where(Attempt.run_id.in_(chunk), Attempt.state == AttemptState.QUEUED)
@@ -699,7 +700,7 @@ class Store:
     def delete_eval_points_after(self, run_id: str, step: int) -> int:
         """Forget eval points past `step`: they belong to a trajectory that a resume abandons."""
         with self._write(f"trimming eval points of run {run_id}") as s:
-            return s.execute(delete(EvalPoint).where(EvalPoint.run_id == run_id, EvalPoint.step > step)).rowcount
+            return s.execute(delete(EvalPoint).where(EvalPoint.run_id == run_id, EvalPoint.step > step)).rowcount  # type: ignore[attr-defined]  # a CursorResult
 
     def add_train_metrics(self, run_id: str, rows: Sequence[tuple[int, dict[str, Any]]]) -> None:
         """Upsert per-step training metrics; the run's step becomes the newest of them."""
@@ -747,10 +748,12 @@ def _chunks(items: list[str], size: int = 900) -> Iterator[list[str]]:
 def _insert(store: Store) -> Any:
     """The dialect's INSERT, which knows ON CONFLICT."""
     if store.is_sqlite:
-        from sqlalchemy.dialects.sqlite import insert
-    else:
-        from sqlalchemy.dialects.postgresql import insert
-    return insert
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert
+    from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+
+    return postgresql_insert
 
 
 def _upsert_statement(store: Store, model: type, keys: tuple[str, ...], updated: Sequence[str]) -> Any:
@@ -786,6 +789,10 @@ def _sweep_id(s: Session, name: str) -> int:
     return sweep_id
 
 
+@typing.overload
+def _aware(dt: datetime) -> datetime: ...
+@typing.overload
+def _aware(dt: datetime | None) -> datetime | None: ...
 def _aware(dt: datetime | None) -> datetime | None:
     # SQLite hands back naive datetimes; everything we store is UTC.
     if dt is not None and dt.tzinfo is None:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from analysis import (
     PAPER_MARGIN,
@@ -41,8 +41,8 @@ PARALLEL_ABOVE = 8  # configurations; below this a process pool costs more than 
 @dataclass(frozen=True)
 class ReportOptions:
     compute: str | None = None  # None: gpu_hours where every run has them, else flops
-    method: str = "fast"
-    r0: str = "first"
+    method: Literal["fast", "reference"] = "fast"
+    r0: Literal["first", "fit"] = "first"
     cutoff: float = 0.0
     n_boot: int = 200
     level: float = 0.95
@@ -106,7 +106,7 @@ def build_report(store: Store, sweep: str, options: ReportOptions = ReportOption
             run.id,
             run.axes.get("seed"),
             run.state,
-            tuple(_value(p, compute) for p in pts),
+            tuple(v for p in pts if (v := _value(p, compute)) is not None),
             tuple(p.pass_rate for p in pts),
         )
         groups.setdefault(label, []).append(curve)
@@ -154,8 +154,10 @@ def _analyse_one(group: tuple[str, dict[str, Any], tuple[Curve, ...]], options: 
     fit = fit_pooled(data, options=fit_options)
     boot = None
     if options.n_boot and fit.ok:
-        kwargs = {"n_boot": options.n_boot, "level": options.level, "options": fit_options, "fit": fit}
-        boot = bootstrap_pooled(data, **kwargs) if len(data) > 1 else bootstrap(*data[0], **kwargs)
+        if len(data) > 1:
+            boot = bootstrap_pooled(data, n_boot=options.n_boot, level=options.level, options=fit_options, fit=fit)
+        else:
+            boot = bootstrap(*data[0], n_boot=options.n_boot, level=options.level, options=fit_options, fit=fit)
     extrap = None
     if options.fit_until is not None and options.predict_at is not None:
         compute_all, pass_all = _concatenate(data)

@@ -144,7 +144,7 @@ def _draw_seeds(ax: Axes, config: ConfigResult, x_floor: float) -> bool:
         style = {"color": SEED_COLORS[i % len(SEED_COLORS)], "marker": SEED_MARKERS[i % len(SEED_MARKERS)]}
         label = f"seed {curve.seed} ({curve.run})" if curve.seed is not None else f"run {curve.run}"
         positive = compute > 0
-        ax.scatter(compute[positive], rate[positive], s=14, alpha=POINT_ALPHA, lw=0, label=label, zorder=2, **style)
+        ax.scatter(compute[positive], rate[positive], s=14, alpha=POINT_ALPHA, lw=0, label=label, zorder=2, **style)  # type: ignore[arg-type]
         if not positive.all():
             zeros = True
             ax.scatter(np.full((~positive).sum(), x_floor), rate[~positive], s=28, facecolors="none",
@@ -256,9 +256,9 @@ def _value_colorbar(figure: Figure, ax: Axes, axis: str, values: Sequence[Any]) 
     figure.subplots_adjust(right=0.86)
     bar = figure.colorbar(ScalarMappable(Normalize(-0.5, len(values) - 0.5), cmap), ax=ax, pad=0.01, fraction=0.04)
     ticks = np.unique(np.linspace(0, len(values) - 1, min(len(values), 8)).round().astype(int))
-    bar.set_ticks(ticks, labels=[_text(values[order[i]]) for i in ticks])
+    bar.set_ticks(list(ticks), labels=[_text(values[order[i]]) for i in ticks])
     bar.set_label(f"{axis} ({len(values)} values)")
-    colors = [None] * len(values)
+    colors: list[Any] = [None] * len(values)
     for position, i in enumerate(order):
         colors[i] = cmap(position)
     return colors
@@ -304,7 +304,7 @@ def _new_figure() -> tuple[Figure, Axes]:
 
 def _x_range(configs: Sequence[ConfigResult], predict_at: float | None) -> tuple[float, float]:
     """(left edge, right edge) of a log axis: half the smallest positive compute, the largest."""
-    compute = np.concatenate([np.asarray(c.compute, dtype=float) for cfg in configs for c in cfg.curves] or [[]])
+    compute = np.concatenate([np.asarray(c.compute, dtype=float) for cfg in configs for c in cfg.curves] or [np.zeros(0)])
     positive = compute[compute > 0]
     lo, hi = (float(positive.min()), float(positive.max())) if positive.size else (1.0, 10.0)
     hi = max(hi, predict_at or 0.0, lo * 10)

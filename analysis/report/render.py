@@ -16,7 +16,7 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.table import Table
@@ -155,7 +155,7 @@ def fit_table(report: Report) -> Table:
     table = Table(title=_fit_title(report), title_justify="left", caption=caption)
     text_columns = {*(_axis_keys(report) or ["run"]), "flags"}
     for name in header:
-        justify = "left" if name in text_columns else "right"
+        justify: Literal["left", "right"] = "left" if name in text_columns else "right"
         table.add_column(name, justify=justify, style="yellow" if name == "flags" else None, overflow="fold")
     for row in rows:
         cells = [Text(cell) for cell in row]
