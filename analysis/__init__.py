@@ -20,8 +20,8 @@ from analysis.curve import (
 from analysis.diagnostics import is_collapsing, noise_sd
 from analysis.effects import AxisEffect, GroupSummary, axis_effect
 from analysis.extrapolation import Extrapolation, extrapolate
-from analysis.fit import fit_curve, fit_pooled
-from analysis.intervals import BootstrapResult, Interval, bootstrap, bootstrap_pooled
+from analysis.fit import fit_curves
+from analysis.intervals import BootstrapResult, Interval, bootstrap
 from analysis.noise import NoiseModel
 from analysis.options import PAPER_A_GRID, FitOptions
 
@@ -45,11 +45,9 @@ __all__ = [
     "NoiseModel",
     "axis_effect",
     "bootstrap",
-    "bootstrap_pooled",
     "compare",
     "extrapolate",
-    "fit_curve",
-    "fit_pooled",
+    "fit_curves",
     "is_collapsing",
     "noise_sd",
     "predict",

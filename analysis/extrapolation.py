@@ -7,13 +7,13 @@ extend. Once the run reaches C2 the prediction is checked against what was measu
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from numpy.typing import ArrayLike
 
 from analysis.curve import FitResult
-from analysis.data import as_curve
+from analysis.data import CurveLike, as_curves
 from analysis.intervals import BootstrapResult, Interval, Scheme, bootstrap_problem
 from analysis.options import DEFAULT_OPTIONS, FitOptions
 from analysis.problem import make_problem
@@ -44,8 +44,8 @@ class Extrapolation:
 
 
 def extrapolate(
-    compute: ArrayLike,
-    pass_rate: ArrayLike,
+    curves: Sequence[CurveLike],
+    options: FitOptions = DEFAULT_OPTIONS,
     *,
     fit_until: float,
     predict_at: float,
@@ -54,29 +54,31 @@ def extrapolate(
     level: float = 0.95,
     window: float = 0.05,
     scheme: Scheme = "noise_model",
-    options: FitOptions = DEFAULT_OPTIONS,
 ) -> Extrapolation:
-    """Fit the points with cutoff <= compute <= fit_until and predict at `predict_at`.
+    """Fit one configuration's seeds on compute <= fit_until jointly and predict at `predict_at`.
 
-    R0 ("first") still comes from the first point; points past fit_until are used only for the
-    observed value. `window`: relative half-width around predict_at whose points are averaged
+    Each seed stays its own series (its own R0 measurement, its own noise in the bootstrap), so
+    interleaved seeds are never read as one time series. R0 ("first") still comes from the first
+    points; points past fit_until are used only for the observed value, the mean over all seeds. `window`: relative half-width around predict_at whose points are averaged
     into the observed value (noise of one eval is ~0.004; averaging a few points makes the check
     about the curve, not about one draw).
     """
-    c, r = as_curve(compute, pass_rate)
+    seeds = as_curves(curves)
     if not (math.isfinite(fit_until) and fit_until > options.cutoff):
         raise ValueError(f"fit_until must be a finite number > cutoff ({options.cutoff}), got {fit_until!r}")
     if not (math.isfinite(predict_at) and predict_at > 0):
         raise ValueError(f"predict_at must be a finite number > 0, got {predict_at!r}")
     if not 0 <= window < 1:
         raise ValueError(f"window must lie in [0, 1), got {window!r}")
-    keep = c <= fit_until
-    problem = make_problem([(c[keep], r[keep])], options)
+    problem = make_problem([(c[c <= fit_until], r[c <= fit_until]) for c, r in seeds], options)
     boot = bootstrap_problem(problem, options, n_boot=n_boot, seed=seed, level=level, scheme=scheme)
     predicted = float(boot.fit.predict(predict_at))
     lo, hi = boot.band(predict_at)
     band = Interval(float(lo), float(hi))
-    observed, n_obs = observed_at(c, r, predict_at, window=window)
+    order = np.argsort(np.concatenate([c for c, _ in seeds]), kind="stable")
+    c_all = np.concatenate([c for c, _ in seeds])[order]
+    r_all = np.concatenate([r for _, r in seeds])[order]
+    observed, n_obs = observed_at(c_all, r_all, predict_at, window=window)
     error = None if observed is None or math.isnan(predicted) else predicted - observed
     within = None if observed is None or not band.known else band.contains(observed)
     return Extrapolation(

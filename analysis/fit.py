@@ -59,63 +59,18 @@ from analysis.solver import I_A, I_LNB, Space, levenberg_marquardt, profile_star
 _B_BOUND_TOL = 1e-6  # in ln B
 
 
-def fit_curve(
-    compute: ArrayLike,
-    pass_rate: ArrayLike,
-    *,
-    r0: R0Mode = "first",
-    cutoff: float = 0.0,
-    method: Method = "fast",
-    a_bounds: tuple[float, float] = (0.0, 1.0),
-    a_grid: Sequence[float] | None = None,
-    widen_a_grid: bool = True,
-    cmid_range: tuple[float, float] | None = None,
-    num_cmid: int = 100,
-    b_bounds: tuple[float, float] = (0.01, 1000.0),
-    cmid_bounds: tuple[float, float] | None = None,
-    fix_a: float | None = None,
-    min_points: int = 5,
-    bound_tol: float = 1e-3,
-    collapse_frac: float = 0.2,
-    collapse_k: float = 3.0,
-    collapse_min_drop: float = 0.01,
-    start: FitResult | None = None,
+def fit_curves(
+    curves: Sequence[CurveLike], options: FitOptions = DEFAULT_OPTIONS, *, start: FitResult | None = None
 ) -> FitResult:
-    """Fit R(C) = R0 + (A - R0) / (1 + (Cmid/C)^B) to one run's eval points.
-
-    Keywords are the fields of FitOptions (documented there). `start`: an earlier fit (e.g. the
-    same run with fewer points) used as one more start point of the fast method. Problems of the
-    data themselves (too few points, no convergence) come back as NaN results with flags, so a
-    report over many runs is not stopped by one; ValueError only for invalid arguments.
-    """
-    options = FitOptions(
-        r0=r0,
-        cutoff=cutoff,
-        method=method,
-        a_bounds=a_bounds,
-        a_grid=None if a_grid is None else tuple(a_grid),
-        widen_a_grid=widen_a_grid,
-        cmid_range=cmid_range,
-        num_cmid=num_cmid,
-        b_bounds=b_bounds,
-        cmid_bounds=cmid_bounds,
-        fix_a=fix_a,
-        min_points=min_points,
-        bound_tol=bound_tol,
-        collapse_frac=collapse_frac,
-        collapse_k=collapse_k,
-        collapse_min_drop=collapse_min_drop,
-    )
-    return fit_problem(make_problem([as_curve(compute, pass_rate)], options), options, start=start)
-
-
-def fit_pooled(
-    curves: Sequence[CurveLike], *, options: FitOptions = DEFAULT_OPTIONS, start: FitResult | None = None
-) -> FitResult:
-    """Fit one curve (one A, B, Cmid, R0) to several seeds of one configuration jointly.
+    """Fit R(C) = R0 + (A - R0) / (1 + (Cmid/C)^B) to one configuration: its seeds' curves
+    (`(compute, pass_rate)` pairs; one curve is a list of one) jointly, one A, B, Cmid, R0.
 
     All seeds' points after the cutoff enter one least-squares problem; with r0="first", R0 is the
-    mean of the seeds' first measurements. "collapsing" is flagged when any seed collapses.
+    mean of the seeds' first measurements; "collapsing" is flagged when any seed collapses.
+    `start`: an earlier fit (e.g. the same runs with fewer points) used as one more start point of
+    the fast method. Problems of the data themselves (too few points, no convergence) come back as
+    NaN results with flags, so a report over many runs is not stopped by one; ValueError only for
+    invalid arguments.
     """
     return fit_problem(make_problem(as_curves(curves), options), options, start=start)
 

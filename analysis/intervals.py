@@ -136,41 +136,22 @@ class BootstrapResult:
 
 
 def bootstrap(
-    compute: ArrayLike,
-    pass_rate: ArrayLike,
+    curves: Sequence[CurveLike],
+    options: FitOptions = DEFAULT_OPTIONS,
     *,
     n_boot: int = 200,
     seed: int = 0,
     level: float = 0.95,
     scheme: Scheme = "noise_model",
     block_len: int | None = None,
-    options: FitOptions = DEFAULT_OPTIONS,
     fit: FitResult | None = None,
 ) -> BootstrapResult:
-    """Fit one run and bootstrap intervals on its parameters (scheme: see the module docstring).
+    """Fit one configuration's seeds jointly (one A, B, Cmid) and bootstrap intervals on its
+    parameters, each seed's noise its own series (scheme: see the module docstring).
 
     `fit`: a point fit already made with the same options (saves refitting). `block_len` (block
     scheme only): None chooses it from the residuals. Deterministic for a given `seed`.
     """
-    problem = make_problem([as_curve(compute, pass_rate)], options)
-    return bootstrap_problem(
-        problem, options, n_boot=n_boot, seed=seed, level=level, scheme=scheme, block_len=block_len, fit=fit
-    )
-
-
-def bootstrap_pooled(
-    curves: Sequence[CurveLike],
-    *,
-    n_boot: int = 200,
-    seed: int = 0,
-    level: float = 0.95,
-    scheme: Scheme = "noise_model",
-    block_len: int | None = None,
-    options: FitOptions = DEFAULT_OPTIONS,
-    fit: FitResult | None = None,
-) -> BootstrapResult:
-    """Fit several seeds of one configuration jointly (one A, B, Cmid) and bootstrap them,
-    resampling whole seeds' noise (see the module docstring)."""
     problem = make_problem(as_curves(curves), options)
     return bootstrap_problem(
         problem, options, n_boot=n_boot, seed=seed, level=level, scheme=scheme, block_len=block_len, fit=fit

@@ -1,7 +1,7 @@
 """Every knob of a curve fit, validated once, in one frozen dataclass.
 
-`fit_curve` takes these as keyword arguments; `fit_pooled`, `bootstrap`, `compare` and
-`extrapolate` take one `FitOptions`, so a report fits every curve the same way.
+`fit`, `bootstrap`, `compare` and `extrapolate` each take one `FitOptions`, so a report fits
+every curve the same way and no function re-declares these knobs.
 """
 
 from __future__ import annotations
@@ -126,11 +126,6 @@ class FitOptions:
     @property
     def fits_r0(self) -> bool:
         return self.r0 == "fit"
-
-
-def option_names() -> tuple[str, ...]:
-    """Public field names of FitOptions (what fit_curve accepts as keywords)."""
-    return tuple(f.name for f in fields(FitOptions) if not f.name.startswith("_"))
 
 
 def resolve_a_grid(options: FitOptions, window_pass_rate: np.ndarray) -> np.ndarray:

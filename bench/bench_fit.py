@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis import FitOptions, FitResult, bootstrap, fit_curve  # noqa: E402
+from analysis import FitOptions, FitResult, bootstrap, fit_curves  # noqa: E402
 from analysis.synthetic import PAPER_TABLE1, noisy_curve  # noqa: E402
 
 BUDGETS = (16_000.0, 50_000.0, 100_000.0)
@@ -62,12 +62,12 @@ def bench_methods(num_curves: int) -> None:
     print(f"## reference vs fast, {num_curves} noisy curves of {NUM_EVALS} evals (one core)\n")
     print("| curve | A true | ref A | fast A | ref SSE | fast SSE | ref s | fast ms | speed-up |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    fit_curve(*synthetic_run(0)[:2], method="reference", num_cmid=2)  # import scipy.optimize outside the timings
+    fit_curves([synthetic_run(0)[:2]], FitOptions(method="reference", num_cmid=2))  # import scipy.optimize outside the timings
     ref_times, fast_times, wins = [], [], 0
     for i in range(num_curves):
         compute, rate, true_a, cutoff = synthetic_run(i)
-        t_ref, ref = time_call(partial(fit_curve, compute, rate, cutoff=cutoff, method="reference"), 1)
-        t_fast, fast = time_call(partial(fit_curve, compute, rate, cutoff=cutoff), 20)
+        t_ref, ref = time_call(partial(fit_curves, [(compute, rate)], FitOptions(cutoff=cutoff, method="reference")), 1)
+        t_fast, fast = time_call(partial(fit_curves, [(compute, rate)], FitOptions(cutoff=cutoff)), 20)
         wins += fast.sse <= ref.sse * (1 + 1e-9)
         ref_times.append(t_ref)
         fast_times.append(t_fast)
@@ -85,7 +85,7 @@ def bench_methods(num_curves: int) -> None:
 
 def fit_and_bootstrap(i: int) -> tuple[bool, bool, str]:
     compute, rate, true_a, cutoff = synthetic_run(i)
-    boot = bootstrap(compute, rate, n_boot=200, seed=i, options=FitOptions(cutoff=cutoff))
+    boot = bootstrap([(compute, rate)], n_boot=200, seed=i, options=FitOptions(cutoff=cutoff))
     return boot.fit.ok, boot.A.contains(true_a), boot.fit.method
 
 

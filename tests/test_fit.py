@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 
 import numpy as np
 import pytest
@@ -15,12 +14,11 @@ from analysis import (
     FLAG_FIT_FAILED,
     FLAG_TOO_FEW_POINTS,
     FitOptions,
-    fit_curve,
-    fit_pooled,
-    predict,
+    fit_curves,
+        predict,
     sigmoid,
 )
-from analysis.options import PAPER_A_GRID, option_names, resolve_a_grid
+from analysis.options import PAPER_A_GRID, resolve_a_grid
 from analysis.problem import fixed_theta, from_theta, make_problem, make_space
 from analysis.solver import step_start
 from analysis.synthetic import PAPER_TABLE1, noisy_curve
@@ -79,7 +77,7 @@ def test_sigmoid_rejects_bad_values_by_name(kwargs: dict, name: str) -> None:
 def test_fast_recovers_table1(name: str) -> None:
     A, B, Cmid, _ = RUNS[name]
     compute, rate, cutoff = table1_curve(name)
-    fit = fit_curve(compute, rate, cutoff=cutoff)
+    fit = fit_curves([(compute, rate)], FitOptions(cutoff=cutoff))
     assert fit.method == "fast"
     assert abs(fit.A - A) <= 0.005
     assert abs(fit.B / B - 1) <= 0.05
@@ -94,7 +92,7 @@ def test_fast_recovers_table1_under_eval_noise(name: str) -> None:
     A, B, Cmid, cmax = RUNS[name]
     compute = np.linspace(0.0, cmax, 121)
     rate = noisy_curve(compute, A, B, Cmid, R0, rng=np.random.default_rng(7))
-    fit = fit_curve(compute, rate, cutoff=cmax * 1500 / 16000)
+    fit = fit_curves([(compute, rate)], FitOptions(cutoff=cmax * 1500 / 16000))
     assert abs(fit.A - A) <= 0.01
     assert abs(fit.B / B - 1) <= 0.2
 
@@ -102,7 +100,7 @@ def test_fast_recovers_table1_under_eval_noise(name: str) -> None:
 def test_reference_recovers_scalerl() -> None:
     A, B, Cmid, _ = RUNS["scalerl"]
     compute, rate, cutoff = table1_curve("scalerl", num=61)
-    fit = fit_curve(compute, rate, cutoff=cutoff, method="reference")
+    fit = fit_curves([(compute, rate)], FitOptions(cutoff=cutoff, method="reference"))
     assert fit.method == "reference"
     assert abs(fit.A - A) <= 0.005
     assert abs(fit.B / B - 1) <= 0.05
@@ -118,15 +116,15 @@ def test_fast_reaches_reference_sse_on_noisy_curves() -> None:
         compute = np.linspace(0.0, cmax, 50)
         rate = noisy_curve(compute, A, B, Cmid, r0, rng=rng, drift_sd=0.004)
         cutoff = cmax * 1500 / 16000
-        fast = fit_curve(compute, rate, cutoff=cutoff)
-        ref = fit_curve(compute, rate, cutoff=cutoff, method="reference")
+        fast = fit_curves([(compute, rate)], FitOptions(cutoff=cutoff))
+        ref = fit_curves([(compute, rate)], FitOptions(cutoff=cutoff, method="reference"))
         assert fast.sse <= ref.sse * (1 + 1e-9), (name, fast, ref)
     # a run that barely learns, in very noisy evals: the best fits are near steps (B on its bound,
     # so the fast method also runs the reference and keeps the better)
     compute = np.linspace(0.0, 200.0, 55)
     rate = noisy_curve(compute, 0.1, 1.5, 30.0, 0.08, rng=rng, num_prompts=50, drift_sd=0.01)
-    fast = fit_curve(compute, rate, cutoff=40.0, r0="fit")
-    ref = fit_curve(compute, rate, cutoff=40.0, r0="fit", method="reference")
+    fast = fit_curves([(compute, rate)], FitOptions(cutoff=40.0, r0="fit"))
+    ref = fit_curves([(compute, rate)], FitOptions(cutoff=40.0, r0="fit", method="reference"))
     assert fast.sse <= ref.sse * (1 + 1e-9), (fast, ref)
 
 
@@ -143,7 +141,7 @@ def test_step_start_finds_the_jump_no_gradient_can() -> None:
 
 def test_fast_falls_back_to_reference_when_it_ends_on_a_b_bound() -> None:
     compute, rate, cutoff = table1_curve("scalerl", num=41)
-    fit = fit_curve(compute, rate, cutoff=cutoff, b_bounds=(0.05, 1.0))  # true B = 1.92
+    fit = fit_curves([(compute, rate)], FitOptions(cutoff=cutoff, b_bounds=(0.05, 1.0)))  # true B = 1.92
     assert fit.method == "fast->reference"
     assert fit.B == pytest.approx(1.92, rel=0.05)
 
@@ -152,9 +150,9 @@ def test_warm_start_reproduces_the_cold_fit() -> None:
     A, B, Cmid, cmax = RUNS["scout"]
     compute = np.linspace(0.0, cmax, 101)
     rate = noisy_curve(compute, A, B, Cmid, R0, rng=np.random.default_rng(3))
-    early = fit_curve(compute[:70], rate[:70], cutoff=3000)
-    cold = fit_curve(compute, rate, cutoff=3000)
-    warm = fit_curve(compute, rate, cutoff=3000, start=early)
+    early = fit_curves([(compute[:70], rate[:70])], FitOptions(cutoff=3000))
+    cold = fit_curves([(compute, rate)], FitOptions(cutoff=3000))
+    warm = fit_curves([(compute, rate)], FitOptions(cutoff=3000), start=early)
     assert warm.sse <= cold.sse * (1 + 1e-9)
     assert warm.A == pytest.approx(cold.A, abs=1e-5)
 
@@ -166,7 +164,7 @@ def test_r0_first_uses_the_first_eval_even_before_the_cutoff() -> None:
     compute, rate, _ = table1_curve("scalerl")
     rate = rate.copy()
     rate[0] = 0.3
-    fit = fit_curve(compute, rate, cutoff=1500)
+    fit = fit_curves([(compute, rate)], FitOptions(cutoff=1500))
     assert fit.R0 == 0.3
     assert fit.compute_min >= 1500 and fit.n_points == int((compute >= 1500).sum())
 
@@ -175,16 +173,16 @@ def test_r0_fit_recovers_r0_when_evals_start_late() -> None:
     A, B, Cmid, _ = RUNS["scalerl"]
     compute = np.linspace(800.0, 16_000.0, 80)  # first eval already well up the curve
     rate = sigmoid(compute, A, B, Cmid, 0.2)
-    fitted = fit_curve(compute, rate, r0="fit")
+    fitted = fit_curves([(compute, rate)], FitOptions(r0="fit"))
     assert fitted.R0 == pytest.approx(0.2, abs=0.005)
     assert fitted.A == pytest.approx(A, abs=0.005)
-    first = fit_curve(compute, rate)  # the documented bias of "first" when C1 is not << Cmid
+    first = fit_curves([(compute, rate)])  # the documented bias of "first" when C1 is not << Cmid
     assert first.R0 == pytest.approx(rate[0]) and first.R0 > 0.2 + 0.01
 
 
 def test_r0_float_is_held() -> None:
     compute, rate, cutoff = table1_curve("scout")
-    fit = fit_curve(compute, rate, cutoff=cutoff, r0=0.35)
+    fit = fit_curves([(compute, rate)], FitOptions(cutoff=cutoff, r0=0.35))
     assert fit.R0 == 0.35 and abs(fit.A - RUNS["scout"][0]) < 1e-4
 
 
@@ -192,7 +190,7 @@ def test_r0_float_is_held() -> None:
 def test_compute_zero_gives_no_warnings() -> None:
     compute, rate, _ = table1_curve("scalerl")
     assert compute[0] == 0.0
-    fit = fit_curve(compute, rate)  # the C = 0 point is inside the fitted window
+    fit = fit_curves([(compute, rate)])  # the C = 0 point is inside the fitted window
     assert fit.compute_min == 0.0 and fit.r2 > 0.9999
     assert predict(fit, [0.0])[0] == fit.R0
 
@@ -200,8 +198,8 @@ def test_compute_zero_gives_no_warnings() -> None:
 def test_unsorted_input_is_sorted_by_compute() -> None:
     compute, rate, cutoff = table1_curve("scout")
     order = np.random.default_rng(0).permutation(compute.size)
-    a = fit_curve(compute[order], rate[order], cutoff=cutoff)
-    b = fit_curve(compute, rate, cutoff=cutoff)
+    a = fit_curves([(compute[order], rate[order])], FitOptions(cutoff=cutoff))
+    b = fit_curves([(compute, rate)], FitOptions(cutoff=cutoff))
     assert a == b
 
 
@@ -210,7 +208,7 @@ def test_pooled_seeds_fit_one_curve() -> None:
     compute = np.linspace(0.0, cmax, 81)
     rng = np.random.default_rng(5)
     seeds = [(compute, noisy_curve(compute, A, B, Cmid, R0, rng=rng)) for _ in range(3)]
-    fit = fit_pooled(seeds, options=FitOptions(cutoff=1500))
+    fit = fit_curves(seeds, options=FitOptions(cutoff=1500))
     assert fit.n_points == 3 * int((compute >= 1500).sum())
     assert fit.R0 == pytest.approx(np.mean([s[1][0] for s in seeds]))
     assert abs(fit.A - A) < 0.006
@@ -235,8 +233,8 @@ def test_reference_widens_its_a_grid_for_a_toy_task_near_one() -> None:
     """Our CPU toy task climbs to ~0.98: the paper's grid tops out at 0.8 and would misfit."""
     compute = np.linspace(0.0, 200.0, 40)
     rate = sigmoid(compute, 0.985, 1.5, 40.0, 0.1)
-    widened = fit_curve(compute, rate, method="reference", num_cmid=25)
-    paper = fit_curve(compute, rate, method="reference", num_cmid=25, widen_a_grid=False)
+    widened = fit_curves([(compute, rate)], FitOptions(method="reference", num_cmid=25))
+    paper = fit_curves([(compute, rate)], FitOptions(method="reference", num_cmid=25, widen_a_grid=False))
     assert widened.A > 0.95
     assert paper.A == 0.8 and FLAG_A_AT_BOUND in paper.flags
     assert widened.sse < paper.sse / 50
@@ -247,34 +245,34 @@ def test_reference_widens_its_a_grid_for_a_toy_task_near_one() -> None:
 
 def test_flag_a_at_bound() -> None:
     compute, rate, cutoff = table1_curve("scout")  # A = 0.71
-    bounded = fit_curve(compute, rate, cutoff=cutoff, a_bounds=(0.0, 0.65))
+    bounded = fit_curves([(compute, rate)], FitOptions(cutoff=cutoff, a_bounds=(0.0, 0.65)))
     assert bounded.A == pytest.approx(0.65) and bounded.flags == (FLAG_A_AT_BOUND,)
-    assert FLAG_A_AT_BOUND not in fit_curve(compute, rate, cutoff=cutoff).flags
+    assert FLAG_A_AT_BOUND not in fit_curves([(compute, rate)], FitOptions(cutoff=cutoff)).flags
 
 
 def test_flag_cmid_beyond_data() -> None:
     compute = np.linspace(0.0, 16_000.0, 101)
     rate = sigmoid(compute, 0.62, 2.0, 24_000.0, 0.3)  # half the gain only at 24k
-    fit = fit_curve(compute, rate)
+    fit = fit_curves([(compute, rate)])
     assert fit.Cmid == pytest.approx(24_000, rel=0.01)
     assert FLAG_CMID_BEYOND_DATA in fit.flags
     compute, rate, cutoff = table1_curve("scalerl")
-    assert FLAG_CMID_BEYOND_DATA not in fit_curve(compute, rate, cutoff=cutoff).flags
+    assert FLAG_CMID_BEYOND_DATA not in fit_curves([(compute, rate)], FitOptions(cutoff=cutoff)).flags
 
 
 def test_flag_too_few_points_returns_nan_instead_of_raising() -> None:
     compute, rate, _ = table1_curve("scalerl")
-    fit = fit_curve(compute[:14], rate[:14], cutoff=1500)  # 4 points at >= 1500
+    fit = fit_curves([(compute[:14], rate[:14])], FitOptions(cutoff=1500))  # 4 points at >= 1500
     assert fit.flags == (FLAG_TOO_FEW_POINTS,) and fit.n_points == 4
     assert np.isnan(fit.A) and np.isnan(fit.B) and np.isnan(fit.Cmid) and not fit.ok
     assert np.isnan(predict(fit, [1000.0, 2000.0])).all()
-    assert fit_curve(compute[:15], rate[:15], cutoff=1500).ok  # 5 points: enough
+    assert fit_curves([(compute[:15], rate[:15])], FitOptions(cutoff=1500)).ok  # 5 points: enough
 
 
 def test_flag_too_few_points_counts_free_parameters() -> None:
     compute, rate, _ = table1_curve("scalerl")
-    assert fit_curve(compute[:5], rate[:5], min_points=1).ok  # A, B, Cmid from 4 points at C > 0
-    assert not fit_curve(compute[:5], rate[:5], min_points=1, r0="fit").ok  # 4 parameters
+    assert fit_curves([(compute[:5], rate[:5])], FitOptions(min_points=1)).ok  # A, B, Cmid from 4 points at C > 0
+    assert not fit_curves([(compute[:5], rate[:5])], FitOptions(min_points=1, r0="fit")).ok  # 4 parameters
 
 
 def test_flag_collapsing() -> None:
@@ -283,23 +281,23 @@ def test_flag_collapsing() -> None:
     rng = np.random.default_rng(2)
     rate = noisy_curve(compute, A, B, Cmid, R0, rng=rng)
     rate[70:] -= np.linspace(0.0, 0.08, 31)  # the last 30% of the run loses 0.08
-    assert FLAG_COLLAPSING in fit_curve(compute, rate, cutoff=1500).flags
+    assert FLAG_COLLAPSING in fit_curves([(compute, rate)], FitOptions(cutoff=1500)).flags
     healthy = [noisy_curve(compute, A, B, Cmid, R0, rng=rng, drift_sd=0.003) for _ in range(40)]
-    assert not any(FLAG_COLLAPSING in fit_curve(compute, r, cutoff=1500).flags for r in healthy)
+    assert not any(FLAG_COLLAPSING in fit_curves([(compute, r)], FitOptions(cutoff=1500)).flags for r in healthy)
 
 
 def test_flag_fit_failed_when_no_method_produces_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fit_module, "_fast", lambda *a, **k: None)
     monkeypatch.setattr(fit_module, "_reference", lambda *a, **k: None)
     compute, rate, _ = table1_curve("scalerl")
-    fit = fit_curve(compute, rate)
+    fit = fit_curves([(compute, rate)])
     assert fit.flags == (FLAG_FIT_FAILED,) and not fit.ok and np.isnan(fit.A)
 
 
 def test_has_rejects_unknown_flags() -> None:
     compute, rate, _ = table1_curve("scalerl")
     with pytest.raises(ValueError, match="flag"):
-        fit_curve(compute, rate).has("A_on_bound")
+        fit_curves([(compute, rate)]).has("A_on_bound")
 
 
 # --------------------------------------------------------------------------- validation
@@ -323,14 +321,6 @@ def test_has_rejects_unknown_flags() -> None:
 )
 def test_invalid_arguments_raise_naming_the_argument(compute: list, rate: list, kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
-        fit_curve(compute, rate, **kwargs)
+        fit_curves([(compute, rate)], FitOptions(**kwargs))
 
 
-def test_fit_curve_keywords_mirror_fit_options() -> None:
-    """fit_curve(**dataclasses.asdict(options)) must keep working: no knob only on one side."""
-    params = inspect.signature(fit_curve).parameters
-    keywords = [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY and p != "start"]
-    assert keywords == list(option_names())
-    defaults = FitOptions()
-    for name in option_names():
-        assert params[name].default == getattr(defaults, name), name

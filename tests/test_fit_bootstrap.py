@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis import FitOptions, bootstrap, bootstrap_pooled, fit_curve, sigmoid
+from analysis import FitOptions, bootstrap, fit_curves, sigmoid
 from analysis.intervals import auto_block_len
 from analysis.noise import NoiseModel, fit_noise
 from analysis.synthetic import PAPER_TABLE1, ar1_drift, noisy_curve
@@ -30,7 +30,7 @@ def test_interval_on_a_covers_the_truth_in_at_least_90_percent_of_noisy_curves()
         compute = np.linspace(0.0, BUDGETS[name], 101)
         rate = noisy_curve(compute, A, B, Cmid, R0, rng=np.random.default_rng(10_000 + i))
         options = FitOptions(cutoff=BUDGETS[name] * 1500 / 16000)
-        boot = bootstrap(compute, rate, options=options, seed=i)
+        boot = bootstrap([(compute, rate)], options=options, seed=i)
         hits.append(boot.A.contains(A))
         widths.append(boot.A.width)
     assert np.mean(hits) >= 0.90
@@ -39,9 +39,9 @@ def test_interval_on_a_covers_the_truth_in_at_least_90_percent_of_noisy_curves()
 
 def test_same_seed_same_intervals_other_seed_other_samples() -> None:
     rate = noisy_curve(COMPUTE, 0.61, 1.92, 2542.0, R0, rng=np.random.default_rng(1))
-    a = bootstrap(COMPUTE, rate, options=OPTIONS, seed=3)
-    b = bootstrap(COMPUTE, rate, options=OPTIONS, seed=3)
-    c = bootstrap(COMPUTE, rate, options=OPTIONS, seed=4)
+    a = bootstrap([(COMPUTE, rate)], options=OPTIONS, seed=3)
+    b = bootstrap([(COMPUTE, rate)], options=OPTIONS, seed=3)
+    c = bootstrap([(COMPUTE, rate)], options=OPTIONS, seed=4)
     np.testing.assert_array_equal(a.samples, b.samples)
     assert a.A == b.A and a.B == b.B
     assert not np.array_equal(a.samples, c.samples)
@@ -50,7 +50,7 @@ def test_same_seed_same_intervals_other_seed_other_samples() -> None:
 def test_intervals_contain_the_point_fit_and_scale_with_noise() -> None:
     quiet = noisy_curve(COMPUTE, 0.61, 1.92, 2542.0, R0, rng=np.random.default_rng(2), num_prompts=10_000, drift_sd=0)
     loud = noisy_curve(COMPUTE, 0.61, 1.92, 2542.0, R0, rng=np.random.default_rng(2), num_prompts=100, drift_sd=0)
-    bq, bl = (bootstrap(COMPUTE, r, options=OPTIONS) for r in (quiet, loud))
+    bq, bl = (bootstrap([(COMPUTE, r)], options=OPTIONS) for r in (quiet, loud))
     for boot in (bq, bl):
         assert boot.A.contains(boot.fit.A) and boot.B.contains(boot.fit.B) and boot.Cmid.contains(boot.fit.Cmid)
         assert boot.n_failed == 0 and boot.samples.shape == (200, 4)
@@ -59,7 +59,7 @@ def test_intervals_contain_the_point_fit_and_scale_with_noise() -> None:
 
 def test_band_brackets_the_fit_and_the_true_curve() -> None:
     rate = noisy_curve(COMPUTE, 0.61, 1.92, 2542.0, R0, rng=np.random.default_rng(4))
-    boot = bootstrap(COMPUTE, rate, options=OPTIONS)
+    boot = bootstrap([(COMPUTE, rate)], options=OPTIONS)
     at = np.linspace(2000.0, 16_000.0, 15)
     lo, hi = boot.band(at)
     assert np.all(lo <= boot.fit.predict(at)) and np.all(boot.fit.predict(at) <= hi)
@@ -72,8 +72,8 @@ def test_band_brackets_the_fit_and_the_true_curve() -> None:
 def test_pooled_seeds_narrow_the_interval() -> None:
     rng = np.random.default_rng(6)
     seeds = [(COMPUTE, noisy_curve(COMPUTE, 0.61, 1.92, 2542.0, R0, rng=rng)) for _ in range(4)]
-    one = bootstrap(*seeds[0], options=OPTIONS)
-    pooled = bootstrap_pooled(seeds, options=OPTIONS)
+    one = bootstrap([seeds[0]], options=OPTIONS)
+    pooled = bootstrap(seeds, options=OPTIONS)
     assert pooled.fit.n_points == 4 * one.fit.n_points
     assert pooled.A.width < 0.8 * one.A.width
     assert pooled.A.contains(0.61)
@@ -81,13 +81,13 @@ def test_pooled_seeds_narrow_the_interval() -> None:
 
 def test_fixed_a_gives_a_degenerate_a_interval() -> None:
     rate = noisy_curve(COMPUTE, 0.61, 1.92, 2542.0, R0, rng=np.random.default_rng(8))
-    boot = bootstrap(COMPUTE, rate, options=OPTIONS.replace(fix_a=0.6))
+    boot = bootstrap([(COMPUTE, rate)], options=OPTIONS.replace(fix_a=0.6))
     assert boot.fit.A == 0.6 and boot.A.lo == boot.A.hi == 0.6
     assert boot.B.width > 0
 
 
 def test_failed_fit_gives_unknown_intervals() -> None:
-    boot = bootstrap(COMPUTE[:5], np.full(5, 0.3), options=OPTIONS)
+    boot = bootstrap([(COMPUTE[:5], np.full(5, 0.3))], options=OPTIONS)
     assert not boot.fit.ok and not boot.A.known and boot.n_failed == 200
     assert not boot.A.contains(0.3) and not boot.A.overlaps(boot.B)
     assert np.isnan(boot.band([1000.0])[0]).all()
@@ -95,7 +95,7 @@ def test_failed_fit_gives_unknown_intervals() -> None:
 
 def test_block_scheme_runs_and_picks_its_block_length_from_the_residuals() -> None:
     rate = noisy_curve(COMPUTE, 0.61, 1.92, 2542.0, R0, rng=np.random.default_rng(9))
-    boot = bootstrap(COMPUTE, rate, options=OPTIONS, scheme="block")
+    boot = bootstrap([(COMPUTE, rate)], options=OPTIONS, scheme="block")
     assert boot.scheme == "block" and boot.block_len is not None and boot.A.contains(boot.fit.A)
     rng = np.random.default_rng(0)
     white = rng.normal(size=100)
@@ -115,13 +115,13 @@ def test_block_scheme_runs_and_picks_its_block_length_from_the_residuals() -> No
 )
 def test_bootstrap_rejects_bad_arguments_by_name(kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
-        bootstrap(COMPUTE, np.full(COMPUTE.size, 0.4), **kwargs)
+        bootstrap([(COMPUTE, np.full(COMPUTE.size, 0.4))], **kwargs)
 
 
 def test_bootstrap_reuses_a_given_fit() -> None:
     rate = noisy_curve(COMPUTE, 0.61, 1.92, 2542.0, R0, rng=np.random.default_rng(12))
-    fit = fit_curve(COMPUTE, rate, cutoff=1500.0)
-    assert bootstrap(COMPUTE, rate, options=OPTIONS, fit=fit).fit is fit
+    fit = fit_curves([(COMPUTE, rate)], FitOptions(cutoff=1500.0))
+    assert bootstrap([(COMPUTE, rate)], options=OPTIONS, fit=fit).fit is fit
 
 
 # --------------------------------------------------------------------------- noise model
@@ -153,24 +153,24 @@ def test_reml_noise_fit_recovers_drift_and_recognises_white_noise() -> None:
 def test_seeds_scheme_resamples_whole_seeds() -> None:
     rng = np.random.default_rng(21)
     seeds = [(COMPUTE, noisy_curve(COMPUTE, A, 1.92, 2542.0, R0, rng=rng)) for A in (0.59, 0.61, 0.63)]
-    boot = bootstrap_pooled(seeds, options=OPTIONS, scheme="seeds", n_boot=100)
+    boot = bootstrap(seeds, options=OPTIONS, scheme="seeds", n_boot=100)
     assert boot.n_failed == 0 and boot.A.contains(boot.fit.A)
     firsts = [s[1][0] for s in seeds]
     assert min(firsts) <= boot.samples[:, 3].min() and boot.samples[:, 3].max() <= max(firsts)
     # the seeds' asymptotes are 0.02 apart: replicates drawing mostly one seed must show it
     assert boot.samples[:, 0].max() - boot.samples[:, 0].min() > 0.02
     with pytest.raises(ValueError, match="seeds"):
-        bootstrap(*seeds[0], options=OPTIONS, scheme="seeds")
+        bootstrap([seeds[0]], options=OPTIONS, scheme="seeds")
 
 
 def test_bootstrap_of_a_run_that_never_learns_does_not_raise() -> None:
     """A short run stuck at zero (a real tiny sweep produced this) leaves the Jacobian
     rank-deficient; the bootstrap must still answer."""
-    from analysis import bootstrap, fit_curve
+    from analysis import bootstrap, fit_curves
 
     compute = [0.0, 3e7, 6e7, 1.2e8, 2.4e8, 3e8, 6e8, 9e8]
     pass_rate = [0.0, 0.0, 0.0, 0.0, 0.0, 0.015625, 0.0, 0.0]
-    fit = fit_curve(compute, pass_rate)
-    result = bootstrap(compute, pass_rate, n_boot=50, fit=fit)
+    fit = fit_curves([(compute, pass_rate)])
+    result = bootstrap([(compute, pass_rate)], n_boot=50, fit=fit)
     assert result.fit is fit
     assert result.n_boot == 50

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis import FitOptions, axis_effect, bootstrap, compare, extrapolate, fit_curve, sigmoid
+from analysis import FitOptions, axis_effect, bootstrap, compare, extrapolate, fit_curves, sigmoid
 from analysis.extrapolation import observed_at
 from analysis.intervals import Interval
 from analysis.synthetic import noisy_curve
@@ -79,7 +79,7 @@ def test_compare_rejects_bad_arguments_by_name(kwargs: dict, name: str) -> None:
 def test_extrapolation_from_half_the_budget_lands_in_its_band() -> None:
     """The paper's use: fit to 8k of 16k GPU-hours, predict 16k (clean curve, eval noise only)."""
     compute, rate = run(0.61, 1.92, 2542.0, seed=12, drift_sd=0.0)
-    result = extrapolate(compute, rate, fit_until=8000.0, predict_at=16_000.0, options=OPTIONS)
+    result = extrapolate([(compute, rate)], fit_until=8000.0, predict_at=16_000.0, options=OPTIONS)
     assert result.fit.compute_max == 8000.0
     assert result.band.lo < result.predicted < result.band.hi
     assert result.observed is not None and result.n_observed == 6  # points within 5% of 16k
@@ -89,9 +89,20 @@ def test_extrapolation_from_half_the_budget_lands_in_its_band() -> None:
     assert result.band.contains(truth)
 
 
+def test_extrapolation_pools_seeds_as_separate_series() -> None:
+    """Seeds are fitted jointly, each its own series: the prediction's fit is the pooled fit of
+    every seed's points up to fit_until, and the observation averages every seed."""
+    seeds = [run(0.61, 1.92, 2542.0, seed=s, drift_sd=0.004) for s in (21, 22, 23)]
+    result = extrapolate(seeds, fit_until=8000.0, predict_at=16_000.0, n_boot=20, options=OPTIONS)
+    pooled = fit_curves([(c[c <= 8000.0], r[c <= 8000.0]) for c, r in seeds], OPTIONS)
+    assert result.fit.A == pytest.approx(pooled.A) and result.fit.Cmid == pytest.approx(pooled.Cmid)
+    assert result.n_observed == 3 * 6  # 6 points within 5% of 16k, from each seed
+    assert result.bootstrap.fit.n_points == pooled.n_points
+
+
 def test_extrapolation_beyond_the_data_has_no_observation() -> None:
     compute, rate = run(0.61, 1.92, 2542.0, seed=13)
-    result = extrapolate(compute, rate, fit_until=16_000.0, predict_at=32_000.0, n_boot=50, options=OPTIONS)
+    result = extrapolate([(compute, rate)], fit_until=16_000.0, predict_at=32_000.0, n_boot=50, options=OPTIONS)
     assert result.observed is None and result.error is None and result.within_band is None
     assert result.predicted == pytest.approx(result.fit.predict(32_000.0))
     assert result.band.width > 0
@@ -107,14 +118,14 @@ def test_observed_value_averages_near_points_or_interpolates() -> None:
 
 def test_extrapolate_rejects_fit_until_below_the_cutoff() -> None:
     with pytest.raises(ValueError, match="fit_until"):
-        extrapolate(*run(0.6, 2, 2000, 0), fit_until=1000.0, predict_at=16_000.0, options=OPTIONS)
+        extrapolate([run(0.6, 2, 2000, 0)], fit_until=1000.0, predict_at=16_000.0, options=OPTIONS)
 
 
 # --------------------------------------------------------------------------- effects
 
 
 def seed_fits(A: float, B: float, Cmid: float, first_seed: int, n: int = 3) -> list:
-    return [fit_curve(*run(A, B, Cmid, seed=first_seed + i), cutoff=1500.0) for i in range(n)]
+    return [fit_curves([run(A, B, Cmid, seed=first_seed + i)], FitOptions(cutoff=1500.0)) for i in range(n)]
 
 
 def test_axis_that_moves_the_asymptote() -> None:
@@ -145,8 +156,8 @@ def test_axis_that_moves_nothing() -> None:
 
 def test_overlapping_bootstrap_intervals_keep_a_large_gap_from_counting() -> None:
     """Noisy short runs: A differs by more than the margin, but the intervals overlap."""
-    a = bootstrap(*run(0.63, 1.9, 4000.0, seed=730, num_prompts=60), options=OPTIONS)
-    b = bootstrap(*run(0.60, 1.9, 4000.0, seed=731, num_prompts=60), options=OPTIONS)
+    a = bootstrap([run(0.63, 1.9, 4000.0, seed=730, num_prompts=60)], options=OPTIONS)
+    b = bootstrap([run(0.60, 1.9, 4000.0, seed=731, num_prompts=60)], options=OPTIONS)
     assert abs(a.fit.A - b.fit.A) > 0.02 and a.A.overlaps(b.A)
     assert not axis_effect({"x": a, "y": b}).moves_asymptote
     assert axis_effect({"x": a.fit, "y": b.fit}).moves_asymptote  # no intervals: the margin decides

@@ -27,9 +27,8 @@ from analysis import (
     Comparison,
     FitOptions,
     bootstrap,
-    bootstrap_pooled,
     extrapolate,
-    fit_pooled,
+    fit_curves,
 )
 from analysis.ranking import ConfigResult, Curve, comparisons, config_label, effects, rank
 from store import COMPUTE_AXES, EvalRecord, Store
@@ -151,22 +150,18 @@ def _analyse_one(group: tuple[str, dict[str, Any], tuple[Curve, ...]], options: 
     label, axes, curves = group
     fit_options = options.fit_options()
     data = [(c.compute, c.pass_rate) for c in curves if c.compute]
-    fit = fit_pooled(data, options=fit_options)
+    point = fit_curves(data, fit_options)
     boot = None
-    if options.n_boot and fit.ok:
-        if len(data) > 1:
-            boot = bootstrap_pooled(data, n_boot=options.n_boot, level=options.level, options=fit_options, fit=fit)
-        else:
-            boot = bootstrap(*data[0], n_boot=options.n_boot, level=options.level, options=fit_options, fit=fit)
+    if options.n_boot and point.ok:
+        boot = bootstrap(data, fit_options, n_boot=options.n_boot, level=options.level, fit=point)
     extrap = None
     if options.fit_until is not None and options.predict_at is not None:
-        compute_all, pass_all = _concatenate(data)
-        scale = max(compute_all) if options.relative else 1.0
+        scale = max(max(c) for c, _ in data) if options.relative else 1.0
         extrap = extrapolate(
-            compute_all, pass_all, fit_until=options.fit_until * scale, predict_at=options.predict_at * scale,
-            n_boot=max(options.n_boot, 50), level=options.level, options=fit_options,
+            data, fit_options, fit_until=options.fit_until * scale, predict_at=options.predict_at * scale,
+            n_boot=max(options.n_boot, 50), level=options.level,
         )  # fmt: skip
-    return ConfigResult(label=label, axes=axes, curves=curves, fit=fit, boot=boot, extrapolation=extrap)
+    return ConfigResult(label=label, axes=axes, curves=curves, fit=point, boot=boot, extrapolation=extrap)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,8 +176,3 @@ def _default_axis(points: dict[str, list[EvalRecord]]) -> str:
 def _value(point: EvalRecord, compute: str) -> float | None:
     value = float(point.step) if compute == "step" else getattr(point, compute)
     return None if value is None or not math.isfinite(value) else float(value)
-
-
-def _concatenate(data: list[tuple[tuple[float, ...], tuple[float, ...]]]) -> tuple[list[float], list[float]]:
-    pairs = sorted((c, r) for compute, rates in data for c, r in zip(compute, rates))
-    return [c for c, _ in pairs], [r for _, r in pairs]
