@@ -103,3 +103,39 @@ def sweep_file(tmp_path: Path):
         return path
 
     return write
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers shared by the report tests (imported as `from conftest import ...`)
+
+
+def add_curve_run(store, sweep: str, run_id: str, axes: dict, compute, pass_rate, *, num_samples: int = 16) -> None:
+    """A completed run whose eval points are the given curve (compute as GPU-hours)."""
+    from store import NewRun, RunState
+
+    store.register_runs(sweep, [NewRun(run_id, 0, {}, axes, {"gpu_hours": float(compute[-1])}, "/nowhere")])
+    points = [
+        dict(step=i, pass_rate=float(r), flops=0.0, tokens=0, device_seconds=0.0, gpu_hours=float(c), num_samples=num_samples)
+        for i, (c, r) in enumerate(zip(compute, pass_rate))
+    ]
+    store.add_eval_points(run_id, points)
+    store.set_run_state(run_id, RunState.COMPLETED)
+
+
+def paper_sweep(store, compute, names, *, rng_seed: int, collapse_tail: int) -> None:
+    """Sweep `paper`: Table 1's configurations `names` (two seeds each) plus one run whose last
+    `collapse_tail` points fall away (a collapsing run)."""
+    import numpy as np
+
+    from analysis.synthetic import PAPER_TABLE1, noisy_curve
+
+    store.upsert_sweep("paper", {}, "/nowhere", "local")
+    rng = np.random.default_rng(rng_seed)
+    for name in names:
+        A, B, Cmid = PAPER_TABLE1[name]
+        for seed in (0, 1):
+            curve = noisy_curve(compute, A, B, Cmid, 0.3, rng=rng)
+            add_curve_run(store, "paper", f"{name}-{seed}", {"variant": name, "seed": seed}, compute, curve)
+    collapse = noisy_curve(compute, 0.75, 1.8, 3000, 0.3, rng=rng)
+    collapse[-collapse_tail:] -= np.linspace(0.02, 0.25, collapse_tail)
+    add_curve_run(store, "paper", "collapse-0", {"variant": "collapse", "seed": 0}, compute, collapse)

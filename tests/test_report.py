@@ -11,39 +11,19 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from analysis.synthetic import PAPER_TABLE1, noisy_curve
+from analysis.synthetic import PAPER_TABLE1
 from launcher.cli import cli
-from store import NewRun, Store
+from conftest import paper_sweep
+from store import Store
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "analysis" / "report" / "report.schema.json").read_text())
 COMPUTE = np.linspace(0, 16000, 81)  # GPU-hours, an eval every 200
 
 
-def _add_run(store: Store, run_id: str, axes: dict, pass_rate: np.ndarray, compute: np.ndarray = COMPUTE) -> None:
-    store.register_runs("paper", [NewRun(run_id, 0, {}, axes, {"gpu_hours": float(compute[-1])}, "/nowhere")])
-    points = [
-        dict(step=i, pass_rate=float(r), flops=0.0, tokens=0, device_seconds=0.0, gpu_hours=float(c), num_samples=16000)
-        for i, (c, r) in enumerate(zip(compute, pass_rate))
-    ]
-    store.add_eval_points(run_id, points)
-    store.set_run_state(run_id, "completed")
-
-
 @pytest.fixture
 def paper_store(db_url) -> str:
     """Three configurations with Table 1's parameters, two seeds each, plus one collapsing run."""
-    store = Store(db_url)
-    store.upsert_sweep("paper", {}, "/nowhere", "local")
-    rng = np.random.default_rng(7)
-    for name in ("scalerl", "bs2048", "scout"):
-        A, B, Cmid = PAPER_TABLE1[name]
-        for seed in (0, 1):
-            _add_run(
-                store, f"{name}-{seed}", {"variant": name, "seed": seed}, noisy_curve(COMPUTE, A, B, Cmid, 0.3, rng=rng)
-            )
-    collapse = noisy_curve(COMPUTE, 0.75, 1.8, 3000, 0.3, rng=rng)
-    collapse[-20:] -= np.linspace(0.02, 0.25, 20)
-    _add_run(store, "collapse-0", {"variant": "collapse", "seed": 0}, collapse)
+    paper_sweep(Store(db_url), COMPUTE, ("scalerl", "bs2048", "scout"), rng_seed=7, collapse_tail=20)
     return db_url
 
 

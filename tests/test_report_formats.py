@@ -19,12 +19,12 @@ from click.testing import CliRunner
 from matplotlib.colors import to_rgb
 from matplotlib.image import imread
 
-from analysis.synthetic import PAPER_TABLE1, noisy_curve
 from analysis.report import plots
 from launcher.cli import cli
 from analysis.report.build import Report, ReportOptions, build_report
 from analysis.report.render import CSV_FIXED, render_csv, render_html, render_markdown, to_json_dict
-from store import NewRun, Store
+from conftest import paper_sweep
+from store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPUTE = np.linspace(0, 16000, 41)  # GPU-hours; the first eval is at compute 0
@@ -32,32 +32,12 @@ OPTIONS = ReportOptions(n_boot=30, fit_until=8000, predict_at=16000)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def _add_run(store: Store, run_id: str, axes: dict, pass_rate: np.ndarray) -> None:
-    store.register_runs("paper", [NewRun(run_id, 0, {}, axes, {}, "/nowhere")])
-    points = [
-        dict(step=i, pass_rate=float(r), flops=0.0, tokens=0, device_seconds=0.0, gpu_hours=float(c), num_samples=16)
-        for i, (c, r) in enumerate(zip(COMPUTE, pass_rate))
-    ]
-    store.add_eval_points(run_id, points)
-    store.set_run_state(run_id, "completed")
-
-
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Two of Table 1's configurations (two seeds each) and one collapsing run."""
     url = f"sqlite:///{tmp_path_factory.mktemp('formats') / 'sweeps.db'}"
     store = Store(url)
-    store.upsert_sweep("paper", {}, "/nowhere", "local")
-    rng = np.random.default_rng(3)
-    for name in ("scalerl", "scout"):
-        A, B, Cmid = PAPER_TABLE1[name]
-        for seed in (0, 1):
-            _add_run(
-                store, f"{name}-{seed}", {"variant": name, "seed": seed}, noisy_curve(COMPUTE, A, B, Cmid, 0.3, rng=rng)
-            )
-    collapse = noisy_curve(COMPUTE, 0.75, 1.8, 3000, 0.3, rng=rng)
-    collapse[-10:] -= np.linspace(0.02, 0.25, 10)
-    _add_run(store, "collapse-0", {"variant": "collapse", "seed": 0}, collapse)
+    paper_sweep(store, COMPUTE, ("scalerl", "scout"), rng_seed=3, collapse_tail=10)
     store.close()
     return url
 
