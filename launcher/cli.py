@@ -227,6 +227,10 @@ def status_cmd(ctx: click.Context, sweep: str | None, as_json: bool, watch: bool
     out = render.console()
     out.print(render.status_table(name, rows, compute=compute or _compute_axis(rows)))
     out.print(_summary_line(rows))
+    notes = sorted({note for r in rows for note in r.notes})
+    for note in notes:
+        count = sum(note in r.notes for r in rows)
+        out.print(f"note: {count} run{'s' if count != 1 else ''}: {escape(note)}", soft_wrap=True)
     render.print_failures(out, rows)
 
 

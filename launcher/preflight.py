@@ -55,12 +55,26 @@ def check_data_file(sweep_path: str, key: str, value: str, config: RecipeConfig)
 
 def check_engine(sweep_path: str, key: str, value: str, config: RecipeConfig) -> None:
     module = ENGINE_MODULES.get((key, value))
-    if module is not None and importlib.util.find_spec(module) is None:
+    if module is None:
+        return
+    if importlib.util.find_spec(module) is None:
         raise GridError(
             sweep_path,
             key,
             f"{value!r} needs the {module!r} package, which {sys.executable} cannot import; "
             "install it on the nodes (pip install -e '.[gpu]') or choose 'torch'",
+        )
+    raise GridError(sweep_path, key, f"{value!r}: the {module} engine is not available yet in this version; choose 'torch'")
+
+
+def check_layout(sweep_path: str, key: str, value: str, config: RecipeConfig) -> None:
+    """Separate generator ranks need a multi-task job; this version runs one task per run."""
+    if config.engine.generator_ranks:
+        raise GridError(
+            sweep_path,
+            key,
+            f"{value}: runs with separate generator ranks (PipelineRL with in-flight weight updates) are not "
+            "available yet in this version; use 0 (generation and training alternate in one task, lag 0)",
         )
 
 
@@ -70,6 +84,7 @@ CHECKS: tuple[tuple[str, Callable[[str, str, str, RecipeConfig], None]], ...] = 
     ("data.valid", check_data_file),
     ("engine.generator", check_engine),
     ("engine.trainer", check_engine),
+    ("engine.generator_ranks", check_layout),
 )
 
 

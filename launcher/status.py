@@ -15,6 +15,15 @@ from launcher import local
 from store import TERMINAL_STATES, AttemptRecord, AttemptState, EvalRecord, RunRecord, RunState, Store
 
 
+SYNCHRONOUS_PIPELINE = "async.mode=pipeline with engine.generator_ranks=0: synchronous (lag 0)"
+
+
+def synchronous_pipeline(config: dict[str, Any]) -> bool:
+    """A pipeline run without generator ranks alternates generation and training in one process."""
+    mode = config.get("async", {}).get("mode")
+    return mode == "pipeline" and not config.get("engine", {}).get("generator_ranks", 0)
+
+
 @dataclass(frozen=True)
 class StatusRow:
     run: RunRecord
@@ -25,6 +34,11 @@ class StatusRow:
     @property
     def budget_steps(self) -> int | None:
         return self.run.budget.get("steps")
+
+    @property
+    def notes(self) -> list[str]:
+        """What a user should know about how the run executes."""
+        return [SYNCHRONOUS_PIPELINE] if synchronous_pipeline(self.run.config) else []
 
     def to_json(self) -> dict[str, Any]:
         a, last = self.attempt, self.last
@@ -42,6 +56,7 @@ class StatusRow:
             "job_id": a.job_id if a else None,
             "executor": a.executor if a else None,
             "node": a.node if a else None,
+            "notes": self.notes,
             "stdout": a.stdout_path if a else None,
             "stderr": a.stderr_path if a else None,
             "run_dir": self.run.run_dir,
@@ -49,17 +64,25 @@ class StatusRow:
 
 
 def collect(store: Store, sweep: str, *, reconcile: bool = True) -> list[StatusRow]:
+    """The sweep's rows, after the sync step (`sync`) unless `reconcile` is False."""
     if reconcile:
-        reconcile_local(store, sweep)
-        if any(a.executor == "slurm" for a in store.latest_attempts(sweep).values()):
-            from launcher import slurm
-
-            slurm.reconcile(store, sweep)
+        sync(store, sweep)
     runs = store.runs(sweep)
     attempts = store.latest_attempts(sweep)
     counts = store.attempt_counts(sweep)
     last = store.last_eval_points(sweep)
     return [StatusRow(r, counts.get(r.id, 0), attempts.get(r.id), last.get(r.id)) for r in runs]
+
+
+def sync(store: Store, sweep: str) -> None:
+    """The sync step of `sweep status`, its only writes: bring the store in line with what the
+    executors know (local processes gone, Slurm's verdicts), start a local scheduler for queued
+    work that has none, and submit runs a Slurm submit limit held back if there is room now."""
+    reconcile_local(store, sweep)
+    if any(a.executor == "slurm" for a in store.latest_attempts(sweep).values()):
+        from launcher import slurm
+
+        slurm.reconcile(store, sweep)
 
 
 def reconcile_local(store: Store, sweep: str) -> None:

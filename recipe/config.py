@@ -241,6 +241,9 @@ class EngineConfig(Section):
     """auto: deepspeed on GPU, plain torch on CPU."""
     threads: int = bounded(1, lo=1)
     """CPU threads for torch when no GPU is used."""
+    generator_ranks: int = bounded(0, lo=0, hi=4096)
+    """How many of the run's job tasks generate (the rest train). 0: one task that alternates
+    generation and training, so `async.mode=pipeline` runs synchronously (lag 0)."""
 
 
 @dataclass(kw_only=True)

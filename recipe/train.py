@@ -160,6 +160,11 @@ def train(
     """Train until the budget, resuming from `run_dir`'s newest valid checkpoint if there is one."""
     check_engine(cfg)
     check_budget(cfg)
+    if cfg.async_.mode == "pipeline":
+        log(
+            "async.mode=pipeline with engine.generator_ranks=0: generation and training alternate in this "
+            "one process, so the run is synchronous (lag 0, within PipelineRL-k's bound)"
+        )
     torch.set_num_threads(cfg.engine.threads)
     task = load_task(cfg.data)
     state = initial_state(cfg, task, generation_cap(cfg, task, log), log)
@@ -236,6 +241,11 @@ def check_engine(cfg: RecipeConfig) -> None:
                 f"{key}={requested!r} (the {accelerated} engine) is not available yet in this version; "
                 f"set {key}=torch to train with plain torch on CPU"
             )
+    if cfg.engine.generator_ranks:
+        raise NotAvailableError(
+            f"engine.generator_ranks={cfg.engine.generator_ranks}: runs with separate generator ranks "
+            "(in-flight weight updates) are not available yet in this version; use 0"
+        )
 
 
 def check_budget(cfg: RecipeConfig) -> None:

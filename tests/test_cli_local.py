@@ -94,6 +94,11 @@ def test_sweep_runs_to_completion_and_relaunch_is_a_no_op(sweep_file, sqlite_url
         run_dir = Path(run["run_dir"])
         assert (run_dir / "config.yaml").is_file() and (run_dir / "checkpoints").is_dir()
         assert Path(run["stdout"]).is_file()
+        # async.mode=pipeline (the default) in one task: the log and status say it is synchronous
+        assert "synchronous (lag 0" in Path(run["stdout"]).read_text() + Path(run["stderr"]).read_text()
+        assert run["notes"] == ["async.mode=pipeline with engine.generator_ranks=0: synchronous (lag 0)"]
+    code, out = sweep(sqlite_url, "status")
+    assert "note: 2 runs: async.mode=pipeline with engine.generator_ranks=0: synchronous (lag 0)" in out
 
     code, out = sweep(sqlite_url, "launch", grid, "--cluster", "local")
     assert code == 0 and "2 runs, 0 new, 0 submitted" in out

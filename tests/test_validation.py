@@ -180,3 +180,18 @@ def test_dry_run_script_quotes_the_root_and_honours_root(tmp_path):
     assert f"submitit.core._submit {quoted}" in script
     assert str(root / "a" / "slurm") in script
     assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        ("name: a\nrecipe: {engine: {generator_ranks: 1}}\n", ["engine.generator_ranks", "not available yet"]),
+        ("name: a\nresources: {tasks_per_node: 3}\n", ["resources.tasks_per_node", "3", "not available yet"]),
+        ("name: a\nrecipe: {engine: {generator_ranks: -1}}\n", ["recipe.engine.generator_ranks", "-1"]),
+    ],
+)
+def test_layouts_this_version_cannot_run_are_refused_at_launch(tmp_path, text, fragments):
+    result, db = _launch(tmp_path, text, [])
+    assert result.exit_code == 2, result.output
+    assert all(f in result.stderr for f in fragments), result.stderr
+    assert not db.exists()
