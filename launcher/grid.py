@@ -1,6 +1,6 @@
 """Sweep files: load, validate, expand into runs.
 
-A sweep file (DESIGN.md, "Grid YAML") names a base recipe and the axes to vary. `load_sweep`
+A sweep file (README, "A sweep file") names a base recipe and the axes to vary. `load_sweep`
 validates every key and value against RecipeConfig before anything touches the store; `expand`
 is a pure function from the validated spec to the list of runs.
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from recipe.config import cache_root
 from store import AttemptRecord, AttemptState, RunRecord, RunState, Store
 
 EXECUTOR = "local"
@@ -36,7 +37,7 @@ POLL_S = 0.5
 
 
 def lock_path(db_url: str) -> Path:
-    cache = Path(os.environ.get("SWEEP_CACHE", Path.home() / ".cache" / "scalesweep"))
+    cache = cache_root()
     digest = hashlib.sha256(db_url.encode()).hexdigest()[:16]
     return cache / "locks" / f"local-queue-{digest}.lock"
 

@@ -35,7 +35,7 @@ from filelock import FileLock
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from recipe import tasks
-from recipe.config import ConfigError
+from recipe.config import ConfigError, cache_root
 from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer
 from recipe.sampler import decode, sample
 
@@ -72,10 +72,6 @@ class WarmupRecipe:
 
 
 BUILTINS: dict[str, WarmupRecipe] = {"sort6-tiny": WarmupRecipe()}
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("SWEEP_CACHE") or Path.home() / ".cache" / "scalesweep")
 
 
 def resolve_model_dir(path: str, log: Callable[[str], None] = print) -> Path:

@@ -1,6 +1,6 @@
 """The recipe's configuration: one validated, torch-free dataclass tree.
 
-Every ScaleRL knob (DESIGN.md, "Recipe") is one field. Defaults are the paper's, except where a
+Every ScaleRL knob (README, "The recipe") is one field. Defaults are the paper's, except where a
 field names the built-in CPU task and model, which is what runs when nothing else is given.
 
 The launcher imports this module to validate grids on a login node, so torch, vllm and
@@ -413,6 +413,11 @@ def flatten(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 # RUN_DIR/run.json      run id, sweep and database URL (mode 0600: the URL may hold a password)
 # RUN_DIR/logs/         one stdout/stderr pair per attempt
 # RUN_DIR/checkpoints/  written by the recipe
+
+def cache_root() -> Path:
+    """`$SWEEP_CACHE` (default `~/.cache/scalesweep`): built-in models, scheduler locks."""
+    return Path(os.environ.get("SWEEP_CACHE") or Path.home() / ".cache" / "scalesweep")
+
 
 CONFIG_FILE = "config.yaml"
 RUN_FILE = "run.json"

@@ -2,7 +2,7 @@
 
 Sampling is at temperature 1 with no top-p or top-k: the recorded log-prob of each token is then
 the policy's own, and the importance ratio trainer/generator is exactly 1 up to numerics. (A
-truncated or rescaled distribution would shift every ratio; PAPER.md, "What other frameworks do".)
+truncated or rescaled distribution would shift every ratio: the paper's note on other frameworks.)
 
 A KV cache, not full recomputation: measured on this machine (1 thread, the tiny Llama, 8-token
 prompts, 7 new tokens), 64 sequences take 19-21 ms with the cache and 40-47 ms without, 2,048
