@@ -164,6 +164,12 @@ def _parse_url(url: str) -> URL:
         )
     if parsed.port is not None and not 0 < parsed.port < 65536:
         raise BadURLError(f"bad port {parsed.port} in database URL {shown!r}; allowed: 1 to 65535")
+    if parsed.get_backend_name() == "sqlite" and parsed.query and "uri" not in parsed.query:
+        # pysqlite would ignore them with a warning; a password there is a mistake worth saying
+        raise BadURLError(
+            f"database URL {shown!r}: SQLite takes no query parameters ({', '.join(sorted(parsed.query))})"
+            "; allowed: none, or a file: URI with uri=true"
+        )
     if parsed.get_backend_name() == "sqlite" and not parsed.database:
         raise BadURLError(f"database URL {shown!r} names no file; expected {URL_FORMS}")
     return parsed

@@ -178,6 +178,7 @@ def test_status_reads_a_store_in_a_read_only_directory(tmp_path):
         ("postgresql://user@127.0.0.1:99999/db", "bad port 99999"),
         ("not a url at all", "not a URL"),
         ("sqlite://", "names no file"),
+        ("sqlite:////tmp/x.db?password=abc", "SQLite takes no query parameters (password)"),
     ],
 )
 def test_bad_db_urls_are_one_line_usage_errors(url, says, tmp_path):
