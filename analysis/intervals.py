@@ -121,6 +121,11 @@ class BootstrapResult:
             raise ValueError(f"name must be one of {PARAM_NAMES}, got {name!r}")
         return _percentile(self.samples[:, PARAM_NAMES.index(name)], _level(level, self.level))
 
+    def draws(self, compute: float) -> NDArray[np.float64]:
+        """The fitted curve at `compute` in every successful replicate (empty without samples)."""
+        a, b, cmid, r0 = (self.samples[:, i] for i in range(4))
+        return np.asarray(sigmoid(np.full(a.shape, float(compute)), a, b, cmid, r0), dtype=float)
+
     def band(self, compute: ArrayLike, level: float | None = None) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Pointwise (lo, hi) band of the fitted curve at `compute`; NaN when there are no samples."""
         lvl = _level(level, self.level)

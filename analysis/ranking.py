@@ -9,9 +9,12 @@ and compared on B. Each axis gets a verdict: does it move A, or only B and Cmid?
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from analysis.comparison import Comparison, compare
 from analysis.curve import FitResult
@@ -41,6 +44,10 @@ class ConfigResult:
     boot: BootstrapResult | None = None
     extrapolation: Extrapolation | None = None
     rank: int | None = None
+    rank_at_predict: int | None = None
+    """Rank by the predicted pass rate at `--predict` (1 = highest), among configurations with a prediction."""
+    p_best: float | None = None
+    """The bootstrap's probability that this configuration is the best at `--predict`."""
 
     @property
     def runs(self) -> list[str]:
@@ -60,6 +67,38 @@ def rank(configs: Sequence[ConfigResult], *, include_flagged: bool = False) -> l
     ranked = sorted(eligible, key=lambda c: (-c.fit.A, -c.fit.B))
     rest = [replace(c, rank=None) for c in configs if c not in eligible]
     return [replace(c, rank=i + 1) for i, c in enumerate(ranked)] + rest
+
+
+def rank_at_predict(configs: Sequence[ConfigResult]) -> list[ConfigResult]:
+    """The paper's use of the fits: order by the pass rate predicted at C, and give each
+    configuration the probability that it is the best at C (`p_best`).
+
+    p_best: replicate j of every configuration's bootstrap is one joint draw (replicates are
+    independent across configurations); the share of draws in which a configuration predicts the
+    highest pass rate. Configurations without a prediction get neither.
+    """
+    predicted = [c for c in configs if c.extrapolation is not None and math.isfinite(c.extrapolation.predicted)]
+    order = sorted(predicted, key=lambda c: -c.extrapolation.predicted)  # type: ignore[union-attr]
+    ranks = {c.label: i + 1 for i, c in enumerate(order)}
+    probabilities = p_best([c.extrapolation.bootstrap.draws(c.extrapolation.predict_at) for c in predicted])  # type: ignore[union-attr]
+    best = {c.label: p for c, p in zip(predicted, probabilities)}
+    return [replace(c, rank_at_predict=ranks.get(c.label), p_best=best.get(c.label)) for c in configs]
+
+
+def p_best(draws: Sequence[np.ndarray]) -> list[float | None]:
+    """For each configuration's draws of one quantity, the share of joint draws (replicate j of
+    each) in which it is the largest; ties split evenly. None for a configuration without draws."""
+    usable = [i for i, d in enumerate(draws) if len(d)]
+    out: list[float | None] = [None] * len(draws)
+    if not usable:
+        return out
+    n = min(len(draws[i]) for i in usable)
+    matrix = np.stack([np.asarray(draws[i][:n], dtype=float) for i in usable], axis=1)
+    winners = matrix == matrix.max(axis=1, keepdims=True)
+    shares = (winners / winners.sum(axis=1, keepdims=True)).mean(axis=0)
+    for i, share in zip(usable, shares):
+        out[i] = float(share)
+    return out
 
 
 def comparisons(

@@ -394,7 +394,7 @@ def report_cmd(
         options = ReportOptions(
             compute=compute, method=method, r0=r0, cutoff=cutoff[0], n_boot=n_boot, level=level,
             include_flagged=include_flagged, fit_until=fit_until and fit_until[0],
-            predict_at=predict_at and predict_at[0], relative=bool(fit_until and fit_until[1]),
+            predict_at=predict_at and predict_at[0], relative=bool(predict_at and predict_at[1]),
         )  # fmt: skip
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

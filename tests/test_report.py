@@ -77,4 +77,28 @@ def test_report_table_renders(paper_store):
 
 def test_bad_extrapolation_options_are_usage_errors(paper_store):
     result = CliRunner().invoke(cli, ["--db", paper_store, "report", "paper", "--fit-until", "8000"])
-    assert result.exit_code == 2 and "--fit-until and --predict together" in result.output
+    assert result.exit_code == 2 and "--fit-until needs --predict" in result.output
+
+
+def test_predict_ranks_at_c_with_the_odds_of_the_winner(paper_store):
+    """`--predict C` alone fits all data; each configuration gets its rank at C and p_best. At
+    C = 100k GPU-hours Table 1's scout (A = 0.71) is far ahead of scalerl (0.61) and bs2048 (0.645)."""
+    report = _report(paper_store, "--bootstrap", "60", "--predict", "100000")
+    predictions = {r["axes"]["variant"]: r["extrapolation"] for r in report["runs"]}
+    ranked = sorted(predictions, key=lambda v: predictions[v]["rank_at_predict"])
+    assert [predictions[v]["rank_at_predict"] for v in ranked] == list(range(1, len(ranked) + 1))
+    assert all(
+        predictions[a]["predicted"] >= predictions[b]["predicted"] for a, b in zip(ranked, ranked[1:])
+    )
+    assert ranked[0] == "scout" and predictions["scout"]["p_best"] > 0.9
+    assert sum(e["p_best"] for e in predictions.values()) == pytest.approx(1.0)
+    assert all(e["fit_until"] == 16000 and e["observed"] is None for e in predictions.values())
+    jsonschema.validate(report, SCHEMA)
+
+
+def test_predict_percent_of_each_configurations_range(paper_store):
+    report = _report(paper_store, "--bootstrap", "30", "--fit-until", "50%", "--predict", "100%")
+    for run in report["runs"]:
+        e = run["extrapolation"]
+        assert e["fit_until"] == pytest.approx(8000) and e["predict_at"] == pytest.approx(16000)
+        assert e["observed"] is not None

@@ -30,10 +30,10 @@ from analysis import (
     extrapolate,
     fit_curves,
 )
-from analysis.ranking import ConfigResult, Curve, comparisons, config_label, effects, rank
+from analysis.ranking import ConfigResult, Curve, comparisons, config_label, effects, rank, rank_at_predict
 from store import COMPUTE_AXES, EvalRecord, Store
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 PARALLEL_ABOVE = 8  # configurations; below this a process pool costs more than it saves
 
 
@@ -57,8 +57,8 @@ class ReportOptions:
     def __post_init__(self) -> None:
         if self.compute is not None and self.compute not in COMPUTE_AXES:
             raise ValueError(f"compute must be one of {', '.join(COMPUTE_AXES)}, got {self.compute!r}")
-        if (self.fit_until is None) != (self.predict_at is None):
-            raise ValueError("give --fit-until and --predict together")
+        if self.fit_until is not None and self.predict_at is None:
+            raise ValueError("--fit-until needs --predict (the compute to predict at)")
         for name, value in (("--cutoff", self.cutoff), ("--fit-until", self.fit_until), ("--predict", self.predict_at)):
             if value is not None and (not math.isfinite(value) or value < 0 or (value == 0 and name != "--cutoff")):
                 raise ValueError(f"{name} must be a finite number {'>= 0' if name == '--cutoff' else '> 0'}, got {value}")
@@ -132,6 +132,8 @@ def analyse(
 
 def finish_report(sweep: str, options: ReportOptions, compute: str, configs: list[ConfigResult]) -> Report:
     ranked = rank(configs, include_flagged=options.include_flagged)
+    if options.predict_at is not None:
+        ranked = rank_at_predict(ranked)
     return Report(
         sweep=sweep,
         options=options,
@@ -155,10 +157,12 @@ def _analyse_one(group: tuple[str, dict[str, Any], tuple[Curve, ...]], options: 
     if options.n_boot and point.ok:
         boot = bootstrap(data, fit_options, n_boot=options.n_boot, level=options.level, fit=point)
     extrap = None
-    if options.fit_until is not None and options.predict_at is not None:
-        scale = max(max(c) for c, _ in data) if options.relative else 1.0
+    if options.predict_at is not None:
+        own_range = max(max(c) for c, _ in data)
+        scale = own_range if options.relative else 1.0
+        fit_until = own_range if options.fit_until is None else options.fit_until * scale  # no --fit-until: all data
         extrap = extrapolate(
-            data, fit_options, fit_until=options.fit_until * scale, predict_at=options.predict_at * scale,
+            data, fit_options, fit_until=fit_until, predict_at=options.predict_at * scale,
             n_boot=max(options.n_boot, 50), level=options.level,
         )  # fmt: skip
     return ConfigResult(label=label, axes=axes, curves=curves, fit=point, boot=boot, extrapolation=extrap)

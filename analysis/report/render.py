@@ -70,12 +70,16 @@ def _config_json(c: ConfigResult) -> dict[str, Any]:
         "method": fit.method,
         "flags": list(fit.flags),
         "intervals": {name: _interval(getattr(c.boot, name)) for name in PARAMS} if c.boot else None,
-        "extrapolation": _extrapolation_json(c.extrapolation) if c.extrapolation else None,
+        "extrapolation": _extrapolation_json(c) if c.extrapolation else None,
     }
 
 
-def _extrapolation_json(e: Extrapolation) -> dict[str, Any]:
+def _extrapolation_json(c: ConfigResult) -> dict[str, Any]:
+    e = c.extrapolation
+    assert e is not None
     return {
+        "rank_at_predict": c.rank_at_predict,
+        "p_best": _num(c.p_best),
         "fit_until": e.fit_until,
         "predict_at": e.predict_at,
         "predicted": _num(e.predicted),
@@ -180,7 +184,7 @@ def fit_grid(report: Report) -> tuple[list[str], list[list[str]]]:
         "R0",
         "R²",
         "n",
-        *(["predicted"] if with_extrapolation else []),
+        *(["predicted", "rank@C", "p_best"] if with_extrapolation else []),
         *(["method"] if with_methods else []),
         "flags",
     ]
@@ -196,7 +200,8 @@ def fit_grid(report: Report) -> tuple[list[str], list[list[str]]]:
                 text += f" ({_range(getattr(c.boot, name) if c.boot else None, spec)})"
             row.append(text)
         row += [_fmt(fit.R0, ".3f"), _fmt(fit.r2, ".3f"), str(fit.n_points)]
-        row += [_extrapolation_cell(c.extrapolation)] if with_extrapolation else []
+        if with_extrapolation:
+            row += [_extrapolation_cell(c.extrapolation), str(c.rank_at_predict or "-"), _fmt(c.p_best, ".2f")]
         row += [fit.method] if with_methods else []
         row.append(", ".join(fit.flags))
         rows.append(row)
@@ -323,6 +328,7 @@ CSV_FIXED = (
     "A", "A_lo", "A_hi", "B", "B_lo", "B_hi", "Cmid", "Cmid_lo", "Cmid_hi", "R0", "r2", "sse",
     "n_points", "compute_min", "compute_max", "method", "flags",
     "fit_until", "predict_at", "predicted", "predicted_lo", "predicted_hi", "observed", "error", "within_band",
+    "rank_at_predict", "p_best",
 )  # fmt: skip
 
 
@@ -355,10 +361,10 @@ def _csv_row(report: Report, c: ConfigResult) -> list[str]:
     row += [_csv(fit.R0), _csv(fit.r2), _csv(fit.sse), _csv(fit.n_points), _csv(fit.compute_min)]
     row += [_csv(fit.compute_max), fit.method, ";".join(fit.flags)]
     if e is None:
-        return row + [""] * 8
+        return row + [""] * 10
     return row + [
         _csv(e.fit_until), _csv(e.predict_at), _csv(e.predicted), *_csv_interval(e.band),
-        _csv(e.observed), _csv(e.error), _csv(e.within_band),
+        _csv(e.observed), _csv(e.error), _csv(e.within_band), _csv(c.rank_at_predict), _csv(c.p_best),
     ]  # fmt: skip
 
 
