@@ -284,6 +284,44 @@ def cancel_cmd(ctx: click.Context, target: str) -> None:
     render.console().print(f"cancelled {len(cancelled)} run(s): {', '.join(cancelled) or '-'}")
 
 
+@cli.command("show")
+@click.argument("run", callback=_nonblank)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+@_errors
+def show_cmd(ctx: click.Context, run: str, as_json: bool) -> None:
+    """RUN (an id or unique prefix): its resolved config, axis values, attempts with their states
+    and exit reasons, checkpoints, last eval points, and the provenance of its latest attempt
+    (code commit, packages, host, GPUs, Slurm job)."""
+    from launcher.runs import show
+
+    data = show(_store(ctx), run)
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+        return
+    render.console().print(render.run_details(data), soft_wrap=True)
+
+
+@cli.command("rerun")
+@click.argument("run", callback=_nonblank)
+@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=None, help="Another seed [default: the run's].")
+@click.pass_context
+@_errors
+def rerun_cmd(ctx: click.Context, run: str, seed: int | None) -> None:
+    """Register RUN's resolved config again as a new run of its sweep (with --seed, another
+    seed) and submit it; says so when the code commit differs from the one RUN ran."""
+    from launcher.runs import rerun
+
+    result = rerun(_store(ctx, create=True), run, seed=seed)
+    out = render.console()
+    if result.code_note:
+        out.print(f"[yellow]note:[/] {escape(result.code_note)}", soft_wrap=True)
+    out.print(
+        f"run {escape(result.run)}: a rerun of {escape(result.original)} in sweep {escape(result.sweep)}, "
+        + ("submitted" if result.submitted else "registered (waiting for room to submit)")
+    )
+
+
 @cli.command("logs")
 @click.argument("run", callback=_nonblank)
 @click.option("--stderr", "which", flag_value="stderr", default=True, help="Show stderr (default).")

@@ -17,6 +17,7 @@ from pathlib import Path
 from launcher import local
 from launcher.grid import RunPlan, SweepSpec
 from launcher.preflight import check_root
+from recipe.provenance import file_sha256
 from recipe.config import write_run_files
 from store import RETRYABLE_STATES, AttemptState, NewRun, RunRecord, RunState, Store
 
@@ -71,8 +72,13 @@ def launch(
     known = {r.id: r for r in store.runs(spec.name)}
     fresh = [p for p in plans if p.id not in known]
     extended = _update_budgets(store, spec.name, plans, known)
+    sweep_file = str(Path(spec.path).resolve())
+    sweep_sha = file_sha256(spec.path)
     for plan in fresh:  # files first: a job must never start without them
-        write_run_files(sweep_dir / plan.id, run_id=plan.id, sweep=spec.name, db_url=store.url, config=plan.config)
+        write_run_files(
+            sweep_dir / plan.id, run_id=plan.id, sweep=spec.name, db_url=store.url, config=plan.config,
+            sweep_file=sweep_file, sweep_file_sha256=sweep_sha,
+        )  # fmt: skip
     new = store.register_runs(
         spec.name,
         [NewRun(p.id, p.position, p.config.to_dict(), p.axes, p.budget, str(sweep_dir / p.id)) for p in fresh],

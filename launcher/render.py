@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -135,3 +136,38 @@ def console(stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() or os.environ.get("COLUMNS") else PIPE_WIDTH
     return Console(stderr=stderr, highlight=False, width=width)
+
+
+def run_details(data: dict[str, Any]) -> str:
+    """`sweep show` as text (markup-escaped: labels and reasons are user text)."""
+    prov = data.get("provenance") or {}
+    code = prov.get("code") or {}
+    packages = ", ".join(f"{k} {v}" for k, v in (prov.get("packages") or {}).items() if v)
+    gpus = prov.get("gpus") or {}
+    lines = [
+        f"[bold]run {escape(data['run'])}[/] of sweep {escape(data['sweep'])}: {escape(str(data['state']))}"
+        + (f" ({escape(data['reason'])})" if data.get("reason") else ""),
+        f"  step {data['step']}, budget {escape(json.dumps(data['budget']))}, dir {escape(data['run_dir'])}",
+        f"  axes: {escape(json.dumps(data['axes'], default=str))}",
+        "attempts:",
+        *(
+            f"  #{a['number']} {escape(a['executor'])} {escape(str(a['state']))}"
+            + (f" job {escape(str(a['job_id']))}" if a["job_id"] else "")
+            + (f" on {escape(str(a['node']))}" if a["node"] else "")
+            + (f": {escape(a['exit_reason'])}" if a["exit_reason"] else "")
+            for a in data["attempts"]
+        ),
+        "checkpoints: " + (", ".join(str(c["step"]) for c in data["checkpoints"]) or "none"),
+        "last eval points: "
+        + (", ".join(f"step {p['step']}: {p['pass_rate']:.3f}" for p in data["eval_points"]) or "none"),
+        "provenance: "
+        + (
+            f"commit {escape(str(code.get('commit')))}{' (dirty)' if code.get('dirty') else ''}, "
+            f"python {escape(str(prov.get('python')))}, {escape(packages)}, host {escape(str(prov.get('host')))}, "
+            f"{gpus.get('count', 0)} GPUs {escape(', '.join(gpus.get('models') or []))}"
+            + (f", Slurm job {escape(str(prov['slurm_job_id']))}" if prov.get("slurm_job_id") else "")
+            if prov
+            else "none recorded"
+        ),
+    ]
+    return "\n".join(lines)

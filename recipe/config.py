@@ -423,7 +423,16 @@ CONFIG_FILE = "config.yaml"
 RUN_FILE = "run.json"
 
 
-def write_run_files(run_dir: str | Path, *, run_id: str, sweep: str, db_url: str, config: RecipeConfig) -> Path:
+def write_run_files(
+    run_dir: str | Path,
+    *,
+    run_id: str,
+    sweep: str,
+    db_url: str,
+    config: RecipeConfig,
+    sweep_file: str | None = None,
+    sweep_file_sha256: str | None = None,
+) -> Path:
     """Create or refresh a run directory; checkpoints and logs already there are kept."""
     import yaml  # PyYAML (OmegaConf's own dependency): 100x faster than OmegaConf.to_yaml
 
@@ -432,7 +441,9 @@ def write_run_files(run_dir: str | Path, *, run_id: str, sweep: str, db_url: str
     header = f"# scalesweep run {run_id} of sweep {sweep}: the resolved recipe config\n"
     body = yaml.dump(config.to_dict(), Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False)
     _atomic_write(run_dir / CONFIG_FILE, header + body, mode=0o644)
-    info = {"run_id": run_id, "sweep": sweep, "db_url": db_url}
+    info = {
+        "run_id": run_id, "sweep": sweep, "db_url": db_url, "sweep_file": sweep_file, "sweep_file_sha256": sweep_file_sha256,
+    }  # fmt: skip
     _atomic_write(run_dir / RUN_FILE, json.dumps(info, indent=2) + "\n", mode=0o600)
     return run_dir
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
+from recipe import provenance
 from recipe.config import read_run_files
 from recipe.storesink import StoreSink
 from store import AttemptState, RunState, Store, StoreError
@@ -70,6 +71,10 @@ def main(run_dir: str | Path) -> RunState:
     run_id = info["run_id"]
     store = retry(lambda: Store(info["db_url"]), "connecting to the store")
     attempt = retry(lambda: store.begin_attempt(run_id, _executor(), **_job_identity()), "recording the attempt")
+    record = provenance.collect(
+        sweep_file=info.get("sweep_file"), sweep_file_sha256=info.get("sweep_file_sha256"), config=cfg.to_dict()
+    )
+    retry(lambda: store.update_attempt(attempt.id, provenance=record), "recording the provenance")
     log.info(
         "run %s (sweep %s), attempt %d, pid %d on %s, store %s",
         run_id, info["sweep"], attempt.number, os.getpid(), socket.gethostname(), store.display_url,

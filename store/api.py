@@ -97,6 +97,7 @@ class AttemptRecord:
     submitted_at: datetime
     started_at: datetime | None
     ended_at: datetime | None
+    provenance: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,8 @@ class Attempt(Base):
     submitted_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     ended_at: Mapped[datetime | None] = mapped_column(default=None)
+    provenance: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    """Code, environment and machine of the attempt (recipe/provenance.py)."""
 
 
 class EvalPoint(Base):

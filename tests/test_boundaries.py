@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "vllm", "deepspeed", "transformers")
 CONTROL_PLANE = [
     "launcher.cli", "launcher.local", "launcher.preflight", "analysis.report.build", "analysis.report.render",
-    "store", "analysis", "recipe.config", "recipe.math",
+    "store", "analysis", "recipe.config", "recipe.math", "recipe.provenance",
 ]  # fmt: skip
 
 
@@ -79,7 +79,7 @@ def _imported_modules(path: Path) -> list[str]:
 def test_launcher_uses_only_the_torch_free_part_of_recipe():
     # the one exception: the job function hands over to the recipe inside the job; recipe.math
     # (stdlib only; math-verify runs in its worker processes) checks math-jsonl data at launch
-    allowed = {"recipe.config", "recipe.math"}
+    allowed = {"recipe.config", "recipe.math", "recipe.provenance"}
     for path in _package_files("launcher"):
         for module in _imported_modules(path):
             if module.split(".")[0] == "recipe":

@@ -31,6 +31,8 @@ SURFACE = {
     "cancel": [],
     "logs": ["--stderr", "--stdout", "--follow"],
     "import": ["--sweep", "--compute-axis", "--format"],
+    "show": ["--json"],
+    "rerun": ["--seed"],
 }
 
 
