@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -282,6 +283,57 @@ def cancel_cmd(ctx: click.Context, target: str) -> None:
     store = _store(ctx)
     cancelled = cancel(store, target)
     render.console().print(f"cancelled {len(cancelled)} run(s): {', '.join(cancelled) or '-'}")
+
+
+@cli.command("prune")
+@click.argument("sweep", required=False)
+@click.option("--simulate", is_flag=True, help="Replay the sweep's curves in compute order as if it were running.")
+@click.option("--dry-run", is_flag=True, help="What would be pruned now, and why (nothing is changed).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--compute", type=click.Choice(MEASURED_COMPUTE_AXES), default=None, help="Compute axis [default: as report].")
+@click.pass_context
+@_errors
+def prune_cmd(ctx: click.Context, sweep: str | None, simulate: bool, dry_run: bool, as_json: bool, compute: str | None) -> None:
+    """Scaling-aware pruning of SWEEP's configurations (seeds pooled): one is dominated when the
+    upper bound of its fitted asymptote lies below the best configuration's lower bound by more
+    than the margin (the sweep file's `prune:` block; docs/pruning.md). --simulate also shows a
+    current-value pruner (what ASHA-style tools judge) beside it. Pruning running runs live is
+    not available yet: use --dry-run and `sweep cancel`."""
+    from analysis.pruning import PrunePolicy, judge
+    from analysis.pruning import simulate as replay
+    from analysis.pruning import simulate_current
+    from analysis.report.build import read_configurations
+
+    if simulate == dry_run:
+        raise click.UsageError("give one of --simulate and --dry-run")
+    store = _store(ctx)
+    name = _sweep_name(store, sweep)
+    record = store.get_sweep(name)
+    policy = PrunePolicy(**((record.spec.get("grid") or {}).get("prune") or {}) if record else {})
+    axis, groups, _ = read_configurations(store, name, compute)
+    curves = {label: [(c.compute, c.pass_rate) for c in seeds if c.compute] for label, seeds in groups.items()}
+    curves = {label: seeds for label, seeds in curves.items() if seeds}
+    if dry_run:
+        verdicts = judge(curves, policy)
+        data: dict[str, Any] = {"sweep": name, "compute_axis": axis, "policy": dataclasses.asdict(policy),
+                                "configurations": [dataclasses.asdict(v) for v in verdicts.values()]}  # fmt: skip
+    else:
+        data = {"sweep": name, "compute_axis": axis, "policy": dataclasses.asdict(policy), "simulations": [
+            _simulation_json(replay(curves, policy)), _simulation_json(simulate_current(curves, policy))]}  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo(render.prune_text(data))
+
+
+def _simulation_json(sim: Any) -> dict[str, Any]:
+    return {
+        "pruner": sim.pruner,
+        "saved_fraction": sim.saved_fraction,
+        "best": sim.best,
+        "best_survived": sim.best_survived,
+        "runs": [dataclasses.asdict(v) for v in sim.verdicts],
+    }
 
 
 @cli.command("show")

@@ -30,7 +30,17 @@ MAX_RUNS = 20_000
 MAX_SEED = 2**32 - 1
 NOT_AXES = {"seed": "seeds are the top-level `seeds:` list", "budget": "a sweep's runs share the top-level `budget:`"}
 """Recipe keys that sweep files set elsewhere: as an axis or in `recipe:` they would be overwritten."""
-TOP_LEVEL_KEYS = ("name", "description", "recipe", "grid", "zip", "ablate", "exclude", "seeds", "budget", "resources")
+TOP_LEVEL_KEYS = (
+    "name", "description", "recipe", "grid", "zip", "ablate", "exclude", "seeds", "budget", "resources", "prune",
+)  # fmt: skip
+# The `prune:` block (scaling-aware pruning, analysis/pruning.py): key -> (type, lowest, highest).
+PRUNE_KEYS: dict[str, tuple[type, float, float]] = {
+    "first_at": (float, 0.0, 1.0),  # fractions of the sweep's compute range, in (0, 1]
+    "every": (float, 0.0, 1.0),
+    "margin": (float, 0.0, 1.0),
+    "level": (float, 0.5, 0.999),
+    "n_boot": (int, 10, 10_000),
+}
 BUDGET_KEYS = ("steps", "gpu_hours", "flops")
 # Cluster resources: a grid's `resources:` may set these, or name a profile file that does.
 PROFILE_KEYS = (
@@ -204,6 +214,7 @@ def _validate(path: Path, raw: dict[str, Any]) -> SweepSpec:
     exclude = [_change(path, f"exclude[{i}]", e) for i, e in enumerate(_list(path, raw, "exclude"))]
     seeds = _seeds(path, raw.get("seeds", [0]))
     resources = _resources(path, _mapping(path, raw, "resources"))
+    _prune(path, _mapping(path, raw, "prune"))
 
     varied = list(grid)
     for i, group in enumerate(zips):
@@ -344,6 +355,18 @@ def _check_resources(path: Path, section: str, resources: dict[str, Any]) -> Non
             raise GridError(path, where, f"invalid value {value!r}; must be {bound}")
         if value > MAX_RESOURCE_INT:
             raise GridError(path, where, f"invalid value {value!r}; must be <= {MAX_RESOURCE_INT}")
+
+
+def _prune(path: Path, prune: dict[str, Any]) -> None:
+    _known_keys(path, "prune", prune, tuple(PRUNE_KEYS))
+    for key, value in prune.items():
+        tp, lo, hi = PRUNE_KEYS[key]
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = number and (tp is float or isinstance(value, int)) and math.isfinite(value) and lo < value <= hi
+        if key in ("level", "n_boot"):
+            ok = ok or (number and value == lo)
+        if not ok:
+            raise GridError(path, f"prune.{key}", f"invalid value {value!r}; expected a {tp.__name__} in ({lo}, {hi}]")
 
 
 def load_profile(grid_path: Path, profile: str) -> dict[str, Any]:

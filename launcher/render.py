@@ -171,3 +171,18 @@ def run_details(data: dict[str, Any]) -> str:
         ),
     ]
     return "\n".join(lines)
+
+
+def prune_text(data: dict[str, Any]) -> str:
+    """`sweep prune` as plain text."""
+    lines = [f"sweep {data['sweep']}: pruning on {data['compute_axis']}, policy {json.dumps(data['policy'])}"]
+    for verdict in data.get("configurations", []):
+        lines.append(f"  {verdict['label']}: " + (f"prune ({verdict['reason']})" if verdict["pruned"] else "keep"))
+    for sim in data.get("simulations", []):
+        lines.append(
+            f"{sim['pruner']} pruner: saves {sim['saved_fraction']:.0%} of the compute; the best configuration "
+            f"({sim['best']}) {'survives' if sim['best_survived'] else 'is PRUNED'}"
+        )
+        for run in sim["runs"]:
+            lines.append(f"  {run['label']}: " + (f"pruned at {run['pruned_at']:.4g}" if run["pruned"] else "kept"))
+    return "\n".join(lines)

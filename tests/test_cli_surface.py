@@ -32,6 +32,7 @@ SURFACE = {
     "logs": ["--stderr", "--stdout", "--follow"],
     "import": ["--sweep", "--compute-axis", "--format"],
     "show": ["--json"],
+    "prune": ["--simulate", "--dry-run", "--json", "--compute"],
     "rerun": ["--seed"],
 }
 

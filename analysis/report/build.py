@@ -92,9 +92,22 @@ class Report:
 
 def build_report(store: Store, sweep: str, options: ReportOptions = ReportOptions()) -> Report:
     """Read the sweep's curves from the store and analyse them."""
+    compute, groups, axes_of = read_configurations(store, sweep, options.compute)
+    configs = analyse(
+        [(label, axes_of[label], tuple(curves)) for label, curves in groups.items() if any(c.compute for c in curves)],
+        options,
+    )
+    return finish_report(sweep, options, compute, configs)
+
+
+def read_configurations(
+    store: Store, sweep: str, compute: str | None = None
+) -> tuple[str, dict[str, list[Curve]], dict[str, dict[str, Any]]]:
+    """The sweep's curves grouped by configuration (axis values without the seed), on `compute`
+    (default: gpu_hours where every run has them, else flops): (axis, curves by label, axes by label)."""
     runs = store.runs(sweep)
     points = store.sweep_eval_points(sweep)
-    compute = options.compute or _default_axis(points)
+    compute = compute or _default_axis(points)
     groups: dict[str, list[Curve]] = {}
     axes_of: dict[str, dict[str, Any]] = {}
     for run in runs:
@@ -110,11 +123,7 @@ def build_report(store: Store, sweep: str, options: ReportOptions = ReportOption
         )
         groups.setdefault(label, []).append(curve)
         axes_of[label] = axes
-    configs = analyse(
-        [(label, axes_of[label], tuple(curves)) for label, curves in groups.items() if any(c.compute for c in curves)],
-        options,
-    )
-    return finish_report(sweep, options, compute, configs)
+    return compute, groups, axes_of
 
 
 def analyse(
