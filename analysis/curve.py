@@ -9,8 +9,7 @@ A is the asymptote, B > 0 the efficiency exponent, Cmid the compute at which hal
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -124,12 +123,6 @@ class FitResult:
     def predict(self, compute: ArrayLike) -> NDArray[np.float64]:
         """Pass rate the fitted curve predicts at `compute` (NaN for a failed fit)."""
         return predict(self, compute)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain dict (flags as a list) for JSON/CSV reports."""
-        d = asdict(self)
-        d["flags"] = list(self.flags)
-        return d
 
 
 def predict(fit: FitResult, compute: ArrayLike) -> NDArray[np.float64]:

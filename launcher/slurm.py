@@ -13,7 +13,6 @@ is off) and writes what it learns into the runs and attempts.
 from __future__ import annotations
 
 import getpass
-import os
 import re
 import signal
 import subprocess
@@ -140,13 +139,6 @@ def dry_run_script(spec: SweepSpec, plans: Sequence[RunPlan], *, root: Path) -> 
     return executor._make_submission_file_text(executor._submitit_command_str, uid="DRYRUN")
 
 
-def _python() -> str:
-    import shlex
-    import sys
-
-    return shlex.quote(sys.executable)
-
-
 def _log_folder(sweep_dir: Path) -> Path:
     return sweep_dir / "slurm"
 
@@ -201,7 +193,9 @@ def submit_waiting(store: Store, sweep: str) -> list[str]:
     """Runs left `registered` by a submit limit go out now if there is room."""
     import uuid
 
-    waiting = [r for r in store.runs(sweep, states=[RunState.REGISTERED]) if (r.state_reason or "").startswith("waiting")]
+    waiting = [
+        r for r in store.runs(sweep, states=[RunState.REGISTERED]) if (r.state_reason or "").startswith("waiting")
+    ]
     if not waiting:
         return []
     token = uuid.uuid4().hex

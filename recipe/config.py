@@ -271,9 +271,6 @@ class RecipeConfig(Section):
         """Nested plain dict with the YAML spelling of keys (`async`, not `async_`)."""
         return _to_dict(self)
 
-    def to_flat(self) -> dict[str, Any]:
-        return flatten(self.to_dict())
-
     def canonical_json(self) -> str:
         """The resolved config as JSON with sorted keys: the input of run ids."""
         return canonical_json(self.to_dict())
@@ -306,11 +303,6 @@ class FieldSpec:
         if self.allowed is not None:
             return "one of " + ", ".join(repr(v) for v in self.allowed)
         return _type_name(self.type)
-
-
-def schema() -> dict[str, FieldSpec]:
-    """Every leaf field of RecipeConfig by dotted key."""
-    return _SCHEMA
 
 
 def _build_schema(cls: type, prefix: str = "") -> dict[str, FieldSpec]:
@@ -413,6 +405,7 @@ def flatten(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 # RUN_DIR/run.json      run id, sweep and database URL (mode 0600: the URL may hold a password)
 # RUN_DIR/logs/         one stdout/stderr pair per attempt
 # RUN_DIR/checkpoints/  written by the recipe
+
 
 def cache_root() -> Path:
     """`$SWEEP_CACHE` (default `~/.cache/scalesweep`): built-in models, scheduler locks."""
