@@ -244,6 +244,9 @@ class EngineConfig(Section):
     generator_ranks: int = bounded(0, lo=0, hi=4096)
     """How many of the run's job tasks generate (the rest train). 0: one task that alternates
     generation and training, so `async.mode=pipeline` runs synchronously (lag 0)."""
+    zero_stage: int = bounded(2, lo=0, hi=3)
+    """DeepSpeed's ZeRO stage (engine.trainer=deepspeed): 0 plain data parallel, 1 optimizer
+    state, 2 + gradients, 3 + parameters sharded over the trainer ranks."""
 
 
 @dataclass(kw_only=True)

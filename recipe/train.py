@@ -57,7 +57,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -68,14 +68,14 @@ from recipe.advantages import group_advantages, overlong_penalty, zero_variance_
 from recipe.builtin import resolve_model_dir
 from recipe.config import ConfigError, NotAvailableError, RecipeConfig, flatten
 from recipe.curriculum import PromptDrawer
-from recipe.losses import batch_counts, group_token_counts, log_ratio, policy_loss
-from recipe.model import completion_logprobs, load_policy, matmul_param_count
+from recipe.engines.base import TrainBatch, Trainer
+from recipe.engines.torch_trainer import TorchTrainer
+from recipe.lag import Span, lag_metrics
+from recipe.model import load_policy, matmul_param_count
 from recipe.sampler import Completions, decode, sample
 from recipe.sink import Sink
 from recipe.tasks import Task, load_task
 
-NUM_GPUS = 0
-"""GPUs this engine holds: it trains and generates on CPU."""
 EVAL_CHUNK = 4096
 """Held-out sequences sampled in one batch: bounds the KV cache's memory."""
 _SAMPLING_STREAM, _PROMPT_STREAM, _EVAL_STREAM = 1, 2, 3
@@ -110,7 +110,18 @@ class Rollout:
     passes_PG: torch.Tensor
     """The task's own reward, before length shaping: what pass rates and NPR use."""
     policy_version: int
-    """The number of optimizer steps the generating policy had taken."""
+    """The number of optimizer steps the generating policy had taken (the oldest, for a batch of
+    a pipeline's generator ranks)."""
+    versions_B2: torch.Tensor | None = None
+    """Per sample, the policy versions of its first and last token; None: all `policy_version`."""
+    num_dropped: int = 0
+    """Samples the drop rule discarded while this batch was assembled (`recipe.lag`)."""
+
+    def spans(self) -> list[Span]:
+        """Each sample's version span, in row order."""
+        if self.versions_B2 is None:
+            return [Span(self.policy_version, self.policy_version)] * self.completions.tokens_BT.shape[0]
+        return [Span(int(a), int(b)) for a, b in self.versions_B2.tolist()]
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in vars(self).items() if k != "completions"}
@@ -128,8 +139,9 @@ class RunState:
     cfg: RecipeConfig
     task: Task
     model: PreTrainedModel
+    """The policy trainer rank 0 samples from (generation in alternating mode, evaluation)."""
     tokenizer: PreTrainedTokenizerFast
-    optimizer: torch.optim.Optimizer
+    trainer: Trainer
     drawer: PromptDrawer
     generator: torch.Generator
     train_prompt_ids: torch.Tensor
@@ -143,6 +155,32 @@ class RunState:
     train_prompt_mask: torch.Tensor | None = None
     """Real tokens of left-padded prompts of different lengths (math-jsonl); None for sort6."""
     valid_prompt_mask: torch.Tensor | None = None
+    num_gpus: int = 0
+    """GPUs the run's job holds, all tasks together: what a second of a step costs in GPU-seconds."""
+
+
+class RolloutSource(Protocol):
+    """Where trainer rank 0's batches come from: this process (`LocalRollouts`) or generator
+    ranks streaming under PipelineRL-k (`recipe.roles.PipelineRollouts`)."""
+
+    def next_rollout(self, state: RunState) -> Rollout: ...
+
+    def after_step(self, state: RunState) -> None:
+        """The optimizer step is taken: version `state.step` exists (pipeline: push it)."""
+
+    def close(self) -> None: ...
+
+
+class Team(Protocol):
+    """The run's other ranks as trainer rank 0 sees them (`recipe.roles`); `SOLO` for one task."""
+
+    num_gpus: int
+
+    def lead(self, trainer: Trainer) -> Trainer:
+        """The trainer trainer rank 0 calls: it drives the other trainer ranks' steps too."""
+        ...
+
+    def rollouts(self, state: RunState) -> RolloutSource: ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,23 +194,44 @@ def train(
     *,
     should_stop: Callable[[], bool] = lambda: False,
     log: Callable[[str], None] = print,
+    team: Team | None = None,
 ) -> TrainOutcome:
-    """Train until the budget, resuming from `run_dir`'s newest valid checkpoint if there is one."""
+    """Train until the budget, resuming from `run_dir`'s newest valid checkpoint if there is one.
+
+    `team`: the run's other ranks when this is trainer rank 0 of a multi-task job; None for one task.
+    """
     check_engine(cfg)
     check_budget(cfg)
-    if cfg.async_.mode == "pipeline":
+    if cfg.async_.mode == "pipeline" and team is None:
         log(
             "async.mode=pipeline with engine.generator_ranks=0: generation and training alternate in this "
             "one process, so the run is synchronous (lag 0, within PipelineRL-k's bound)"
         )
     torch.set_num_threads(cfg.engine.threads)
     task = load_task(cfg.data)
-    state = initial_state(cfg, task, generation_cap(cfg, task, log), log)
+    state = initial_state(cfg, task, generation_cap(cfg, task, log), log, team)
     resumed_from = resume(state, run_dir, sink, log)
+    source = team.rollouts(state) if team is not None else LocalRollouts()
+    try:
+        return _loop(state, source, run_dir, sink, should_stop, log, resumed_from)
+    finally:
+        source.close()
+
+
+def _loop(
+    state: RunState,
+    source: RolloutSource,
+    run_dir: Path,
+    sink: Sink,
+    should_stop: Callable[[], bool],
+    log: Callable[[str], None],
+    resumed_from: int | None,
+) -> TrainOutcome:
+    cfg = state.cfg
     if resumed_from is None:
         report_eval(state, sink, log)
     while finish_reason(state) is None:
-        metrics = train_step(state)
+        metrics = train_step(state, source)
         sink.train_metrics(state.step, metrics)
         final = finish_reason(state) is not None
         if final or is_eval_step(state.step, cfg):
@@ -187,18 +246,18 @@ def train(
     return TrainOutcome(state.step, "completed", resumed_from)
 
 
-def train_step(state: RunState) -> dict[str, float]:
-    """Generate if no batch is waiting, then one optimizer step on the oldest waiting batch."""
+def train_step(state: RunState, source: RolloutSource) -> dict[str, float]:
+    """The next batch (generated here, or streamed by generator ranks), then one optimizer step."""
     started = time.perf_counter()
-    if not state.pending:
-        state.pending = generate_round(state)
-    rollout = state.pending.pop(0)
+    rollout = source.next_rollout(state)
     metrics = rollout_metrics(rollout) | policy_update(state, rollout)
     metrics["lag"] = state.step - rollout.policy_version
+    metrics |= lag_metrics(state.step, rollout.spans(), rollout.num_dropped)
     state.step += 1
+    source.after_step(state)
     elapsed = time.perf_counter() - started
     state.compute.device_seconds += elapsed
-    state.compute.gpu_hours += NUM_GPUS * elapsed / 3600
+    state.compute.gpu_hours += state.num_gpus * elapsed / 3600
     metrics |= {"step_seconds": elapsed, "num_active_prompts": state.drawer.num_active}
     state.last_metrics = metrics
     return metrics
@@ -241,11 +300,6 @@ def check_engine(cfg: RecipeConfig) -> None:
                 f"{key}={requested!r} (the {accelerated} engine) is not available yet in this version; "
                 f"set {key}=torch to train with plain torch on CPU"
             )
-    if cfg.engine.generator_ranks:
-        raise NotAvailableError(
-            f"engine.generator_ranks={cfg.engine.generator_ranks}: runs with separate generator ranks "
-            "(in-flight weight updates) are not available yet in this version; use 0"
-        )
 
 
 def check_budget(cfg: RecipeConfig) -> None:
@@ -280,8 +334,10 @@ def generation_cap(cfg: RecipeConfig, task: Task, log: Callable[[str], None]) ->
 # Set-up and resume
 
 
-def initial_state(cfg: RecipeConfig, task: Task, max_new_tokens: int, log: Callable[[str], None]) -> RunState:
-    """The policy at step 0, its optimizer, and seeded random streams."""
+def initial_state(
+    cfg: RecipeConfig, task: Task, max_new_tokens: int, log: Callable[[str], None], team: Team | None = None
+) -> RunState:
+    """The policy at step 0, its trainer, and seeded random streams."""
     model, tokenizer = load_policy(
         resolve_model_dir(cfg.model.path, log), dtype=cfg.model.dtype, lm_head_fp32=cfg.precision.lm_head_fp32
     )
@@ -300,12 +356,13 @@ def initial_state(cfg: RecipeConfig, task: Task, max_new_tokens: int, log: Calla
     train_prompt_ids, train_prompt_mask = task.encode(tokenizer, task.train_prompts)
     valid_prompt_ids, valid_prompt_mask = task.encode(tokenizer, task.valid_prompts)
     log(f"policy: {sum(p.numel() for p in model.parameters())} parameters ({num_matmul_params} in matmuls)")
+    trainer = build_trainer(cfg, model, optimizer)
     return RunState(
         cfg=cfg,
         task=task,
         model=model,
         tokenizer=tokenizer,
-        optimizer=optimizer,
+        trainer=team.lead(trainer) if team is not None else trainer,
         drawer=PromptDrawer(len(task.train_prompts), seed=_seed(_PROMPT_STREAM, cfg.seed)),
         generator=torch.Generator().manual_seed(_seed(_SAMPLING_STREAM, cfg.seed)),
         train_prompt_ids=train_prompt_ids,
@@ -314,20 +371,26 @@ def initial_state(cfg: RecipeConfig, task: Task, max_new_tokens: int, log: Calla
         num_matmul_params=num_matmul_params,
         train_prompt_mask=train_prompt_mask,
         valid_prompt_mask=valid_prompt_mask,
+        num_gpus=team.num_gpus if team is not None else 0,
     )
+
+
+def build_trainer(cfg: RecipeConfig, model: PreTrainedModel, optimizer: torch.optim.Optimizer) -> Trainer:
+    """`engine.trainer`'s engine on this rank's share of the trainers' group (if there is one)."""
+    return TorchTrainer(model, optimizer, cfg.loss, max_grad_norm=cfg.optim.max_grad_norm)
 
 
 def resume(state: RunState, run_dir: Path, sink: Sink, log: Callable[[str], None]) -> int | None:
     """Restore the newest valid checkpoint into `state`; its step, or None for a fresh run."""
-    fits = lambda saved: checkpoint.check_fits(saved, state.model, state.optimizer)  # noqa: E731
-    saved = checkpoint.load_newest_valid(run_dir, log, on_discarded=sink.checkpoint_deleted, check=fits)
+    saved = checkpoint.load_newest_valid(
+        run_dir, log, on_discarded=sink.checkpoint_deleted, check=state.trainer.check_state
+    )
     if saved is None:
         return None
     changed = _changed_keys(saved["config"], state.cfg.to_dict())
     if changed:
         log(f"config changed since the checkpoint: {', '.join(changed)}")
-    state.model.load_state_dict(saved["model"])
-    state.optimizer.load_state_dict(saved["optimizer"])
+    state.trainer.load_state_dict({"model": saved["model"], "optimizer": saved["optimizer"]})
     state.step = saved["step"]
     state.compute = Compute(**saved["compute"])
     state.drawer.load_state_dict(saved["prompts"])
@@ -351,8 +414,7 @@ def checkpoint_state(state: RunState) -> dict[str, Any]:
     return {
         "format": checkpoint.FORMAT_VERSION,
         "step": state.step,
-        "model": state.model.state_dict(),
-        "optimizer": state.optimizer.state_dict(),
+        **state.trainer.state_dict(),  # model, optimizer
         "compute": asdict(state.compute),
         "prompts": state.drawer.state_dict(),
         "pending": [r.to_dict() for r in state.pending],
@@ -386,6 +448,21 @@ def _seed(stream: int, *keys: int) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # Generation and rewards
+
+
+class LocalRollouts:
+    """One task: trainer rank 0 generates its own batches with the policy it trains (alternating)."""
+
+    def next_rollout(self, state: RunState) -> Rollout:
+        if not state.pending:
+            state.pending = generate_round(state)
+        return state.pending.pop(0)
+
+    def after_step(self, state: RunState) -> None:
+        pass  # the next batch is sampled from state.model, which the step has just updated
+
+    def close(self) -> None:
+        pass
 
 
 def generate_round(state: RunState) -> list[Rollout]:
@@ -481,40 +558,30 @@ def policy_update(state: RunState, rollout: Rollout) -> dict[str, float]:
 
 
 def gradient_step(state: RunState, rollout: Rollout, keep_P: torch.Tensor) -> dict[str, float]:
-    """Loss on the kept groups, backward, clip, AdamW step."""
-    cfg, group_size = state.cfg, state.cfg.batch.generations
+    """One optimizer step of the trainer engine on the kept groups (loss, backward, clip, AdamW)."""
+    batch = train_batch(rollout, keep_P, state.train_prompt_mask, state.cfg)
+    metrics = state.trainer.step(batch, lr=lr_at(state.step, state.cfg))
+    state.compute.flops += 6 * state.num_matmul_params * (batch.prompt_ids_BP.numel() + int(batch.mask_BT.sum()))
+    return metrics
+
+
+def train_batch(
+    rollout: Rollout, keep_P: torch.Tensor, train_prompt_mask: torch.Tensor | None, cfg: RecipeConfig
+) -> TrainBatch:
+    """The kept groups with their advantages, as every trainer rank receives them."""
+    group_size = cfg.batch.generations
     keep_B = keep_P.repeat_interleave(group_size)
-    adv_B = group_advantages(rollout.rewards_PG[keep_P], cfg.advantage.norm).flatten()
     c = rollout.completions
-    prompt_ids_BP, tokens_BT = rollout.prompt_ids_BP[keep_B], c.tokens_BT[keep_B]
-    behaviour_logp_BT, mask_BT = c.logp_BT[keep_B], c.mask_BT[keep_B]
-    prompt_mask_BP = _prompt_mask(state.train_prompt_mask, rollout.prompt_rows_P, group_size)
-    prompt_mask_BP = None if prompt_mask_BP is None else prompt_mask_BP[keep_B]
-    logp_BT = completion_logprobs(state.model, prompt_ids_BP, tokens_BT, prompt_mask_BP)
-    loss = policy_loss(
-        cfg.loss,
-        logp_BT,
-        behaviour_logp_BT,
-        adv_B,
-        mask_BT,
-        group_token_counts(mask_BT, group_size),
-        batch_counts(mask_BT, group_size),
+    prompt_mask_BP = _prompt_mask(train_prompt_mask, rollout.prompt_rows_P, group_size)
+    return TrainBatch(
+        prompt_ids_BP=rollout.prompt_ids_BP[keep_B],
+        prompt_mask_BP=None if prompt_mask_BP is None else prompt_mask_BP[keep_B],
+        tokens_BT=c.tokens_BT[keep_B],
+        behaviour_logp_BT=c.logp_BT[keep_B],
+        mask_BT=c.mask_BT[keep_B],
+        adv_B=group_advantages(rollout.rewards_PG[keep_P], cfg.advantage.norm).flatten(),
+        group_size=group_size,
     )
-    state.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), cfg.optim.max_grad_norm or math.inf)
-    for group in state.optimizer.param_groups:
-        group["lr"] = lr_at(state.step, cfg)
-    state.optimizer.step()
-    state.compute.flops += 6 * state.num_matmul_params * (prompt_ids_BP.numel() + int(mask_BT.sum()))
-    ratio = log_ratio(logp_BT.detach(), behaviour_logp_BT, mask_BT)[mask_BT].exp()
-    return {
-        "loss": loss.item(),
-        "grad_norm": float(grad_norm),
-        "ratio_mean": float(ratio.mean()),
-        "ratio_min": float(ratio.min()),
-        "ratio_max": float(ratio.max()),
-    }
 
 
 def lr_at(step: int, cfg: RecipeConfig) -> float:

@@ -48,6 +48,50 @@ class Group:
     samples: tuple[Sample, ...]
 
 
+@dataclass(frozen=True)
+class TrainBatch:
+    """One optimizer step's data: the whole batch, the same on every trainer rank.
+
+    B rows in whole groups of `group_size` (rows g*G .. g*G+G-1 are group g), only the groups
+    the step trains on (after the zero-variance filter and the drop rule). Advantages and the
+    aggregation's counts come from the whole batch; a trainer rank computes the loss on its
+    `shard` only, so the sum over ranks is the loss of the whole batch whatever the split.
+    """
+
+    prompt_ids_BP: torch.Tensor
+    prompt_mask_BP: torch.Tensor | None
+    """Real tokens of left-padded prompts; None when the prompts are unpadded."""
+    tokens_BT: torch.Tensor
+    behaviour_logp_BT: torch.Tensor
+    mask_BT: torch.Tensor
+    adv_B: torch.Tensor
+    group_size: int
+
+    @property
+    def num_groups(self) -> int:
+        return self.tokens_BT.shape[0] // self.group_size
+
+    def group_rows(self, rank: int, world_size: int) -> slice:
+        """The rows of trainer `rank`'s share: contiguous whole groups, sizes differing by <= 1."""
+        base, extra = divmod(self.num_groups, world_size)
+        first = rank * base + min(rank, extra)
+        last = first + base + (1 if rank < extra else 0)
+        return slice(first * self.group_size, last * self.group_size)
+
+    def shard(self, rank: int, world_size: int) -> TrainBatch:
+        rows = self.group_rows(rank, world_size)
+        mask = None if self.prompt_mask_BP is None else self.prompt_mask_BP[rows]
+        return TrainBatch(
+            prompt_ids_BP=self.prompt_ids_BP[rows],
+            prompt_mask_BP=mask,
+            tokens_BT=self.tokens_BT[rows],
+            behaviour_logp_BT=self.behaviour_logp_BT[rows],
+            mask_BT=self.mask_BT[rows],
+            adv_B=self.adv_B[rows],
+            group_size=self.group_size,
+        )
+
+
 WeightMeta = tuple[tuple[str, str, tuple[int, ...]], ...]
 """(name, dtype name, shape) of every tensor of one push, in the order they are sent.
 
@@ -117,15 +161,29 @@ class WeightSender(Protocol):
 class Trainer(Protocol):
     """One optimizer step on a batch; weights out for the push; state for checkpoints."""
 
-    def step(self, batch: Any, *, lr: float) -> dict[str, float]:
+    def step(self, batch: TrainBatch, *, lr: float) -> dict[str, float]:
         """Loss (aggregated over whole-batch counts, whatever the split across ranks), backward,
-        clip, optimizer step; returns the step's metrics (identical on every trainer rank)."""
+        clip, optimizer step; returns the step's metrics (identical on every trainer rank).
+
+        Collective: every trainer rank calls it with the same whole batch (`recipe.roles` sends
+        it from trainer rank 0) and trains on its `batch.shard(rank, world_size)`. Metrics:
+        loss, grad_norm, ratio_mean, ratio_min, ratio_max."""
+        ...
+
+    def eval_model(self) -> torch.nn.Module:
+        """The policy with its full weights on trainer rank 0, for held-out sampling."""
         ...
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The full weights, on trainer rank 0 (gathered if sharded), for the push."""
         ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the trainer: {"model": ..., "optimizer": ...}."""
+        ...
+
+    def check_state(self, state: dict[str, Any]) -> None:
+        """Raise ValueError unless a checkpoint's `state` loads into this trainer as it is."""
+        ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
