@@ -63,35 +63,93 @@ def sample(
     greedy=True takes the most likely token instead of sampling (the warm-up's metric).
     prompt_mask_BP marks the real tokens of left-padded prompts (None: no padding).
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    cache = DynamicCache(config=model.config)
-    padded = padding_inputs(prompt_mask_BP)
-    logits_BV = model(input_ids=prompt_ids_BP, **{CACHE_KWARG: cache}, use_cache=True, logits_to_keep=1, **padded).logits[:, -1]
-    done_B = torch.zeros(prompt_ids_BP.shape[0], dtype=torch.bool)
-    tokens, logps, alive = [], [], []
-    for position in range(max_new_tokens):
+    decoding = Decoding(
+        prompt_ids_BP,
+        max_new_tokens=max_new_tokens,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        generator=generator,
+        greedy=greedy,
+        prompt_mask_BP=prompt_mask_BP,
+    )
+    while not decoding.done:
+        decoding.advance(model)
+    return decoding.completions()
+
+
+class Decoding:
+    """A batch of sequences being sampled one token per `advance`, its KV cache kept in between.
+
+    Each `advance` first feeds the previous token (the prompt, the first time) through `model`
+    and then samples from the logits that come out, so a token is always sampled from the
+    weights the model holds at that `advance`: weights loaded in between (an in-flight update)
+    apply from the next token on, while the KV cache of the tokens before stays as it was
+    computed (what vLLM's pause(mode="keep") does too). `sample` is this loop without pauses.
+    """
+
+    def __init__(
+        self,
+        prompt_ids_BP: torch.Tensor,
+        *,
+        max_new_tokens: int,
+        eos_id: int,
+        pad_id: int,
+        generator: torch.Generator | None = None,
+        greedy: bool = False,
+        prompt_mask_BP: torch.Tensor | None = None,
+    ) -> None:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.prompt_ids_BP, self.max_new_tokens = prompt_ids_BP, max_new_tokens
+        self.eos_id, self.pad_id, self.generator, self.greedy = eos_id, pad_id, generator, greedy
+        self.padded = padding_inputs(prompt_mask_BP)
+        self.cache: DynamicCache | None = None
+        self.done_B = torch.zeros(prompt_ids_BP.shape[0], dtype=torch.bool, device=prompt_ids_BP.device)
+        self.tokens: list[torch.Tensor] = []
+        self.logps: list[torch.Tensor] = []
+        self.alive: list[torch.Tensor] = []
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens sampled so far per row (padding after EOS included)."""
+        return len(self.tokens)
+
+    @property
+    def done(self) -> bool:
+        return self.num_tokens == self.max_new_tokens or bool(self.done_B.all())
+
+    @torch.no_grad()
+    def advance(self, model: PreTrainedModel) -> torch.Tensor:
+        """Sample one more token for every row; returns which rows were still running for it."""
+        if self.done:
+            raise RuntimeError("advance() on a finished decoding")
+        if self.cache is None:
+            self.cache = DynamicCache(config=model.config)
+            inputs = {"input_ids": self.prompt_ids_BP, "logits_to_keep": 1}
+        else:
+            self.padded = next_padding_inputs(self.padded)
+            inputs = {"input_ids": self.tokens[-1][:, None]}
+        logits_BV = model(**inputs, **{CACHE_KWARG: self.cache}, use_cache=True, **self.padded).logits[:, -1]
         logp_BV = torch.log_softmax(logits_BV.float(), dim=-1)
-        if greedy:
+        if self.greedy:
             token_B = logp_BV.argmax(dim=-1)
         else:
-            token_B = torch.multinomial(logp_BV.exp(), 1, generator=generator).squeeze(1)
-        alive_B = ~done_B
-        token_B = torch.where(alive_B, token_B, pad_id)
-        tokens.append(token_B)
-        logps.append(torch.where(alive_B, logp_BV.gather(-1, token_B[:, None]).squeeze(1), 0.0))
-        alive.append(alive_B)
-        done_B = done_B | (token_B == eos_id)
-        if bool(done_B.all()) or position == max_new_tokens - 1:
-            break
-        padded = next_padding_inputs(padded)
-        logits_BV = model(input_ids=token_B[:, None], **{CACHE_KWARG: cache}, use_cache=True, **padded).logits[:, -1]
-    return Completions(
-        tokens_BT=torch.stack(tokens, dim=1),
-        logp_BT=torch.stack(logps, dim=1),
-        mask_BT=torch.stack(alive, dim=1),
-        finished_B=done_B,
-    )
+            token_B = torch.multinomial(logp_BV.exp(), 1, generator=self.generator).squeeze(1)
+        alive_B = ~self.done_B
+        token_B = torch.where(alive_B, token_B, self.pad_id)
+        self.tokens.append(token_B)
+        self.logps.append(torch.where(alive_B, logp_BV.gather(-1, token_B[:, None]).squeeze(1), 0.0))
+        self.alive.append(alive_B)
+        self.done_B = self.done_B | (token_B == self.eos_id)
+        return alive_B
+
+    def completions(self) -> Completions:
+        return Completions(
+            tokens_BT=torch.stack(self.tokens, dim=1),
+            logp_BT=torch.stack(self.logps, dim=1),
+            mask_BT=torch.stack(self.alive, dim=1),
+            finished_B=self.done_B,
+        )
 
 
 def padding_inputs(mask_BT: torch.Tensor | None) -> dict[str, torch.Tensor]:
