@@ -220,7 +220,7 @@ def read_math_jsonl(path: str | Path, key: str = "data.train") -> list[MathRow]:
                     raise MathDataError(
                         key,
                         f"{path}:{number}: repeats the prompt of line {first.line} with a different answer "
-                        f"({row.answer!r}, not {first.answer!r})"
+                        f"({row.answer!r}, not {first.answer!r})",
                     )
                 rows.append(row)
     if not rows:
@@ -235,7 +235,7 @@ def _row(key: str, path: str | Path, number: int, text: str) -> MathRow:
     except json.JSONDecodeError as e:
         raise MathDataError(key, f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
     if not isinstance(obj, dict):
-        raise MathDataError(key, f"{where}: a row must be a JSON object {{\"prompt\": ..., \"answer\": ...}}")
+        raise MathDataError(key, f'{where}: a row must be a JSON object {{"prompt": ..., "answer": ...}}')
     for name in ("prompt", "answer"):
         if name not in obj:
             close = difflib.get_close_matches(name, [str(k) for k in obj], n=1)

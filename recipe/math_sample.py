@@ -86,10 +86,14 @@ def sample_rows(num_rows: int = NUM_ROWS, seed: int = SEED) -> list[dict[str, st
     """`num_rows` distinct {prompt, answer} rows, the same for the same seed."""
     rng = random.Random(seed)
     rows: dict[str, str] = {}
-    while len(rows) < num_rows:
-        generator = GENERATORS[len(rows) % len(GENERATORS)]
+    for attempt in range(100 * num_rows):  # some generators have few distinct problems: bounded, never stuck
+        if len(rows) == num_rows:
+            break
+        generator = GENERATORS[len(rows) % len(GENERATORS)] if attempt % 2 == 0 else rng.choice(GENERATORS)
         problem, answer = generator(rng)
         rows.setdefault(f"{problem} {INSTRUCTION}", answer)
+    else:
+        raise ValueError(f"cannot generate {num_rows} distinct problems")
     return [{"prompt": p, "answer": a} for p, a in rows.items()]
 
 

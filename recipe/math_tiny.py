@@ -30,7 +30,9 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}</s>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|><think>{% endif %}"
 )
-SHAPE = TinyLlamaShape(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=1, head_dim=64, max_positions=1024)
+SHAPE = TinyLlamaShape(
+    hidden_size=64, intermediate_size=128, num_layers=2, num_heads=1, head_dim=64, max_positions=1024
+)
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:

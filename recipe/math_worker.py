@@ -25,7 +25,10 @@ STRICT = [LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anch
 
 
 def _seconds(timeout: float) -> int:
-    return max(1, int(timeout))  # signal.alarm counts whole seconds
+    """Each of the three alarms (parse gold, parse prediction, verify) gets a third of the limit, so
+    a slow check usually ends here, before the parent kills the worker; signal.alarm counts whole
+    seconds."""
+    return max(1, int(timeout / 3))
 
 
 @functools.lru_cache(maxsize=4096)

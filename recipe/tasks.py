@@ -108,9 +108,7 @@ def math_task(data: DataConfig) -> Task:
     answers: dict[str, str] = {}
     for row in (*valid_rows, *train_rows):
         if answers.setdefault(row.prompt, row.answer) != row.answer:
-            raise ConfigError(
-                "data.train", f"{data.train}:{row.line}: the prompt is in data.valid with another answer"
-            )
+            raise ConfigError("data.train", f"{data.train}:{row.line}: the prompt is in data.valid with another answer")
 
     def one(prompt: str, completion: str) -> float:
         return math_check.score_math(math_check.THINK_OPEN + completion, answers[prompt])
@@ -164,7 +162,9 @@ def _row_order(num_rows: int) -> list[int]:
 def render_chat_prompt(tokenizer: Any, problem: str) -> str:
     """`problem` as a user turn in the model's chat template, ending inside an open `<think>` block."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ConfigError("model.path", "the model's tokenizer has no chat template; math-jsonl renders prompts with it")
+        raise ConfigError(
+            "model.path", "the model's tokenizer has no chat template; math-jsonl renders prompts with it"
+        )
     text = tokenizer.apply_chat_template(
         [{"role": "user", "content": problem}], tokenize=False, add_generation_prompt=True
     )
