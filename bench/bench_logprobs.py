@@ -37,6 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM logs to stdout, which is the table
 
 from recipe.builtin import resolve_model_dir  # noqa: E402
 from recipe.engines.base import Sample  # noqa: E402

@@ -142,7 +142,8 @@ class VllmGenerator:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-generator-loop", daemon=True)
         self._thread.start()
-        self._engine = self._call(self._start())
+        self._engine: Any = None
+        self._call(self._start())
 
     # --- the event loop -----------------------------------------------------------------------
 
@@ -152,13 +153,14 @@ class VllmGenerator:
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._submit(coro).result()
 
-    async def _start(self) -> Any:
+    async def _start(self) -> None:
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.settings.engine_args()))
-        await engine.update_weight_version(str(self.version))  # spans carry versions from the first token
-        return engine
+        # No local name for the engine: something in vLLM keeps this frame alive, and a local
+        # would keep the engine alive until interpreter exit (where its __del__ then fails).
+        self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.settings.engine_args()))
+        await self._engine.update_weight_version(str(self.version))  # spans carry versions from the first token
 
     # --- sampling -----------------------------------------------------------------------------
 
