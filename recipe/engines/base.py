@@ -138,6 +138,11 @@ class StreamingGenerator(Generator, Protocol):
         """Groups finished since the last poll (waits at most `timeout_s` for the first)."""
         ...
 
+    def join_weight_group(self, spec: Any, generator_index: int) -> None:
+        """Join the run's weight group (`recipe.engines.weights.WeightGroupSpec`) as rank
+        1 + `generator_index`, once, before the first push. Collective with trainer rank 0's sender."""
+        ...
+
     def receive_weights(self, version: int, meta: WeightMeta) -> None:
         """Join trainer rank 0's broadcast of the new weights: pause in-flight requests (keep their
         state), load, resume them on the new weights. Collective with `WeightSender.push`."""
