@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
+import random
 import socket
 import threading
 from collections.abc import Coroutine, Iterable, Sequence
@@ -35,6 +36,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from recipe.engines.base import Group, Sample, WeightMeta
@@ -159,7 +161,15 @@ class VllmGenerator:
 
         # No local name for the engine: something in vLLM keeps this frame alive, and a local
         # would keep the engine alive until interpreter exit (where its __del__ then fails).
-        self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.settings.engine_args()))
+        # vLLM may seed the launching process's global RNGs (it warns so when
+        # VLLM_ENABLE_V1_MULTIPROCESSING=0); a one-process run's trainer must not see that.
+        rng_states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+        try:
+            self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.settings.engine_args()))
+        finally:
+            random.setstate(rng_states[0])
+            np.random.set_state(rng_states[1])
+            torch.random.set_rng_state(rng_states[2])
         await self._engine.update_weight_version(str(self.version))  # spans carry versions from the first token
 
     # --- sampling -----------------------------------------------------------------------------
