@@ -182,3 +182,18 @@ def test_vllm_drop_in_flight_aborts_running_groups(run):
     run.generator.submit("dropped-0", prompt_ids()[0], num_samples=1, max_new_tokens=4, seed=0)
     (group,) = run.generator.poll(timeout_s=60)
     assert group.group_id == "dropped-0" and len(group.samples[0].token_ids) == 4
+
+
+@pytest.mark.parametrize("fp32_head", [True, False])
+def test_vllm_engine_args_follow_the_recipe(fp32_head):
+    from recipe.config import RecipeConfig
+    from recipe.engines.vllm_engine import settings_from_config
+
+    cfg = RecipeConfig.from_dict({"model": {"dtype": "bfloat16"}, "precision": {"lm_head_fp32": fp32_head}, "seed": 7})
+    args = settings_from_config(cfg, "/models/m", initial_version=3).engine_args()
+    assert args["dtype"] == "bfloat16" and args["seed"] == 7
+    assert args["logprobs_mode"] == "processed_logprobs" and args["enable_prefix_caching"]
+    assert args.get("hf_overrides") == ({"head_dtype": "float32"} if fp32_head else None)
+    if not torch.cuda.is_available():
+        assert args["weight_transfer_config"] == {"backend": "gloo"}
+        assert args["worker_extension_cls"] == "recipe.engines.vllm_worker.GlooWorkerExtension"

@@ -121,6 +121,17 @@ class VllmSettings:
         return args
 
 
+def settings_from_config(cfg: Any, model_dir: str, *, initial_version: int = 0) -> VllmSettings:
+    """The engine a run's recipe asks for (`recipe.config.RecipeConfig`): its dtype, fp32 head, seed."""
+    return VllmSettings(
+        model_dir=model_dir,
+        dtype=cfg.model.dtype,
+        lm_head_fp32=cfg.precision.lm_head_fp32,
+        seed=cfg.seed,
+        initial_version=initial_version,
+    )
+
+
 class VllmGenerator:
     """A `StreamingGenerator` (and blocking `Generator`) on vLLM's `AsyncLLM`.
 
