@@ -555,3 +555,62 @@ def _coerce(tp: Any, value: Any) -> Any:
 
 _SCHEMA = _build_schema(RecipeConfig)
 _DEFAULTS = _to_dict(RecipeConfig())
+
+
+# ---------------------------------------------------------------------------------------------
+# A run's process layout (docs/engines.md, "Process layout"): torch-free, so that `sweep launch`
+# checks it on the login node and the job checks the tasks Slurm really started, with one rule.
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one run's job tasks split: trainer ranks 0..T-1 first (whole nodes), then generators."""
+
+    num_nodes: int
+    tasks_per_node: int
+    num_generators: int
+
+    @property
+    def num_tasks(self) -> int:
+        return self.num_nodes * self.tasks_per_node
+
+    @property
+    def num_trainers(self) -> int:
+        return self.num_tasks - self.num_generators
+
+    def is_trainer(self, rank: int) -> bool:
+        return rank < self.num_trainers
+
+    def generator_index(self, rank: int) -> int:
+        """Generator i is task T + i (and rank 1 + i of the weight group)."""
+        if self.is_trainer(rank):
+            raise ValueError(f"task {rank} is trainer rank {rank}, not a generator")
+        return rank - self.num_trainers
+
+
+def check_layout(cfg: RecipeConfig, *, num_nodes: int, tasks_per_node: int) -> Layout:
+    """The layout of `cfg`'s run on `num_nodes` x `tasks_per_node` tasks, or a ConfigError naming
+    the key that cannot work with it."""
+    layout = Layout(num_nodes, tasks_per_node, cfg.engine.generator_ranks)
+    key, ranks, tasks = "engine.generator_ranks", cfg.engine.generator_ranks, layout.num_tasks
+    shape = f"resources.nodes x resources.tasks_per_node = {num_nodes} x {tasks_per_node} = {tasks} task(s)"
+    if ranks == 0 and tasks != 1:
+        raise ConfigError(
+            key, f"0 with {shape}: with no generator ranks generation and training alternate in one task; "
+            "set engine.generator_ranks >= 1 or use one task"
+        )  # fmt: skip
+    if ranks >= tasks and ranks > 0:
+        raise ConfigError(key, f"{ranks} with {shape}: leaves no trainer rank; must be below {tasks}")
+    if ranks and cfg.async_.mode != "pipeline":
+        raise ConfigError(
+            "async.mode", f"{cfg.async_.mode!r} with engine.generator_ranks={ranks}: separate generator ranks "
+            "stream under 'pipeline' only; use async.mode=pipeline or engine.generator_ranks=0"
+        )  # fmt: skip
+    trainers = layout.num_trainers
+    if num_nodes > 1 and trainers > tasks_per_node and trainers % tasks_per_node:
+        raise ConfigError(
+            key, f"{ranks} with {shape}: the {trainers} trainer ranks would share a node with generators; "
+            f"trainers fill whole nodes, so {tasks} - generator_ranks must be a multiple of {tasks_per_node} "
+            f"(or at most {tasks_per_node})"
+        )  # fmt: skip
+    return layout

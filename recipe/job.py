@@ -61,13 +61,23 @@ class StopFlag:
         self.signum = signum
 
 
-def main(run_dir: str | Path) -> RunState:
-    """Run one attempt of the run in `run_dir`; return its final state."""
+def main(run_dir: str | Path) -> RunState | str:
+    """Run one attempt of the run in `run_dir`; return its final state.
+
+    In a multi-task job (docs/engines.md, "Process layout") every task calls this; task 0,
+    trainer rank 0, is the run and records the attempt; the other tasks play their role
+    (`recipe.roles.run_peer`) and return a line saying which they were.
+    """
     _setup_logging()
-    stop = StopFlag()
-    stop.install()
     run_dir = Path(run_dir).resolve()
     info, cfg = read_run_files(run_dir)
+    from recipe.roles import LeadTeam, layout_of, run_peer, task_env  # torch: only inside the job
+
+    env = task_env()
+    if env.rank != 0:
+        return run_peer(cfg, run_dir, env, log.info)
+    stop = StopFlag()
+    stop.install()
     run_id = info["run_id"]
     store = retry(lambda: Store(info["db_url"]), "connecting to the store")
     attempt = retry(lambda: store.begin_attempt(run_id, _executor(), **_job_identity()), "recording the attempt")
@@ -83,7 +93,12 @@ def main(run_dir: str | Path) -> RunState:
     from recipe.train import train  # torch is imported here, never by the launcher
 
     try:
-        outcome = train(cfg, run_dir, sink, should_stop=stop, log=log.info)
+        layout = layout_of(cfg, env)  # the tasks Slurm really started must fit engine.generator_ranks
+        if layout.num_tasks == 1:
+            outcome = train(cfg, run_dir, sink, should_stop=stop, log=log.info)
+        else:
+            with LeadTeam(cfg, run_dir, env, layout, log.info) as team:
+                outcome = train(cfg, run_dir, sink, should_stop=stop, log=log.info, team=team)
     except Exception as exc:
         reason = f"{type(exc).__name__}: {exc} (log: {attempt.stderr_path or 'the job stderr'})"
         _flush(sink)

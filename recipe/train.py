@@ -165,8 +165,9 @@ class RolloutSource(Protocol):
 
     def next_rollout(self, state: RunState) -> Rollout: ...
 
-    def after_step(self, state: RunState) -> None:
-        """The optimizer step is taken: version `state.step` exists (pipeline: push it)."""
+    def after_step(self, state: RunState) -> dict[str, float]:
+        """The optimizer step is taken: version `state.step` exists (pipeline: push it). Returns
+        metrics of the step's own (the push's time)."""
 
     def close(self) -> None: ...
 
@@ -254,7 +255,7 @@ def train_step(state: RunState, source: RolloutSource) -> dict[str, float]:
     metrics["lag"] = state.step - rollout.policy_version
     metrics |= lag_metrics(state.step, rollout.spans(), rollout.num_dropped)
     state.step += 1
-    source.after_step(state)
+    metrics |= source.after_step(state)
     elapsed = time.perf_counter() - started
     state.compute.device_seconds += elapsed
     state.compute.gpu_hours += state.num_gpus * elapsed / 3600
@@ -345,13 +346,7 @@ def initial_state(
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     random.seed(cfg.seed)
-    optimizer = torch.optim.AdamW(
-        model.parameters(),
-        lr=cfg.optim.lr,
-        betas=(cfg.optim.beta1, cfg.optim.beta2),
-        eps=cfg.optim.eps,
-        weight_decay=cfg.optim.weight_decay,
-    )
+    optimizer = build_optimizer(cfg, model)
     num_matmul_params = matmul_param_count(model)
     train_prompt_ids, train_prompt_mask = task.encode(tokenizer, task.train_prompts)
     valid_prompt_ids, valid_prompt_mask = task.encode(tokenizer, task.valid_prompts)
@@ -372,6 +367,16 @@ def initial_state(
         train_prompt_mask=train_prompt_mask,
         valid_prompt_mask=valid_prompt_mask,
         num_gpus=team.num_gpus if team is not None else 0,
+    )
+
+
+def build_optimizer(cfg: RecipeConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.optim.lr,
+        betas=(cfg.optim.beta1, cfg.optim.beta2),
+        eps=cfg.optim.eps,
+        weight_decay=cfg.optim.weight_decay,
     )
 
 
@@ -458,8 +463,8 @@ class LocalRollouts:
             state.pending = generate_round(state)
         return state.pending.pop(0)
 
-    def after_step(self, state: RunState) -> None:
-        pass  # the next batch is sampled from state.model, which the step has just updated
+    def after_step(self, state: RunState) -> dict[str, float]:
+        return {}  # the next batch is sampled from state.model, which the step has just updated
 
     def close(self) -> None:
         pass
