@@ -139,3 +139,24 @@ def paper_sweep(store, compute, names, *, rng_seed: int, collapse_tail: int) -> 
     collapse = noisy_curve(compute, 0.75, 1.8, 3000, 0.3, rng=rng)
     collapse[-collapse_tail:] -= np.linspace(0.02, 0.25, collapse_tail)
     add_curve_run(store, "paper", "collapse-0", {"variant": "collapse", "seed": 0}, compute, collapse)
+
+
+def small_recipe(model_dir, **overrides):
+    """A few-step RecipeConfig on `model_dir` for training tests (keys in `overrides` win)."""
+    from recipe.config import resolve
+
+    flat = {
+        "model.path": str(model_dir),
+        "data.num_train_prompts": 200,
+        "data.num_valid_prompts": 16,
+        "batch.prompts": 4,
+        "batch.generations": 4,
+        "optim.lr": 1e-3,
+        "optim.warmup_steps": 2,
+        "eval.every": 4,
+        "eval.samples": 2,
+        "checkpoint.every": 3,
+        "checkpoint.keep": 2,
+        "budget.steps": 8,
+    }
+    return resolve(flat | overrides)

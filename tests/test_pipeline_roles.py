@@ -10,9 +10,9 @@ import time
 
 import pytest
 import torch.multiprocessing as mp
+from conftest import small_recipe
 
 from recipe import builtin
-from recipe.config import resolve
 from recipe.sink import MemorySink
 
 pytestmark = pytest.mark.slow
@@ -25,23 +25,8 @@ def model_dir(tmp_path_factory):
 
 
 def pipeline_config(model_dir, **overrides):
-    flat = {
-        "model.path": str(model_dir),
-        "data.num_train_prompts": 200,
-        "data.num_valid_prompts": 16,
-        "batch.prompts": 4,
-        "batch.generations": 4,
-        "optim.lr": 1e-3,
-        "optim.warmup_steps": 2,
-        "eval.every": 4,
-        "eval.samples": 2,
-        "checkpoint.every": 3,
-        "budget.steps": 8,
-        "async.mode": "pipeline",
-        "async.max_lag": 2,
-        "engine.generator_ranks": 1,
-    }
-    return resolve(flat | overrides)
+    pipeline = {"async.mode": "pipeline", "async.max_lag": 2, "engine.generator_ranks": 1}
+    return small_recipe(model_dir, **(pipeline | overrides))
 
 
 def _task(rank: int, config: dict, run_dir: str, attempt: str, stop_after: int | None, results) -> None:

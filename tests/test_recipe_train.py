@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from conftest import small_recipe
 
 from recipe import builtin, checkpoint, train
 from recipe.config import ConfigError, NotAvailableError, resolve
@@ -32,24 +33,6 @@ class RecordingSink(MemorySink):
     def eval_point(self, point):
         self.reported.append(point["step"])
         super().eval_point(point)
-
-
-def small_config(model_dir, **overrides):
-    flat = {
-        "model.path": str(model_dir),
-        "data.num_train_prompts": 200,
-        "data.num_valid_prompts": 16,
-        "batch.prompts": 4,
-        "batch.generations": 4,
-        "optim.lr": 1e-3,
-        "optim.warmup_steps": 2,
-        "eval.every": 4,
-        "eval.samples": 2,
-        "checkpoint.every": 3,
-        "checkpoint.keep": 2,
-        "budget.steps": 8,
-    }
-    return resolve(flat | overrides)
 
 
 def run(cfg, run_dir, sink=None, should_stop=lambda: False):
@@ -91,7 +74,7 @@ def test_lr_warms_up_linearly_then_stays():
 
 
 def test_a_run_reports_eval_points_metrics_and_checkpoints(model_dir, tmp_path):
-    outcome, sink, logs = run(small_config(model_dir), tmp_path)
+    outcome, sink, logs = run(small_recipe(model_dir), tmp_path)
     assert outcome == train.TrainOutcome(final_step=8, state="completed", resumed_from_step=None)
     assert sorted(sink.eval_points) == [0, 1, 2, 4, 8]
     points = [sink.eval_points[s] for s in sorted(sink.eval_points)]
@@ -121,7 +104,7 @@ def test_a_run_reports_eval_points_metrics_and_checkpoints(model_dir, tmp_path):
 
 
 def test_flops_follow_the_documented_formula(model_dir, tmp_path):
-    _, sink, _ = run(small_config(model_dir, **{"budget.steps": 1, "filter.zero_variance": False}), tmp_path)
+    _, sink, _ = run(small_recipe(model_dir, **{"budget.steps": 1, "filter.zero_variance": False}), tmp_path)
     point, metrics = sink.eval_points[1], sink.metrics[1]
     n = 84_032 - 14 * 64  # every parameter but the input embedding table
     num_sequences, prompt_len = 16, 8
@@ -132,7 +115,7 @@ def test_flops_follow_the_documented_formula(model_dir, tmp_path):
 
 @pytest.mark.parametrize("mode", ["pipeline", "ppo-offpolicy"])
 def test_a_stopped_and_resumed_run_matches_an_uninterrupted_one(model_dir, tmp_path, mode):
-    cfg = small_config(model_dir, **{"budget.steps": 10, "async.mode": mode, "async.max_lag": 3})
+    cfg = small_recipe(model_dir, **{"budget.steps": 10, "async.mode": mode, "async.max_lag": 3})
     _, straight, _ = run(cfg, tmp_path / "straight")
 
     outcome, sink, logs = run(cfg, tmp_path / "split", should_stop=stop_after(4))
@@ -154,14 +137,14 @@ def test_a_stopped_and_resumed_run_matches_an_uninterrupted_one(model_dir, tmp_p
 
 
 def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous(model_dir, tmp_path):
-    cfg = small_config(model_dir, **{"checkpoint.keep": 3})
+    cfg = small_recipe(model_dir, **{"checkpoint.keep": 3})
     _, first, _ = run(cfg, tmp_path)
     assert sorted(first.checkpoints) == [3, 6, 8]
     newest = checkpoint.checkpoint_path(tmp_path, 8)
     newest.write_bytes(newest.read_bytes()[:1000])
 
     sink = RecordingSink(eval_points=dict(first.eval_points), checkpoints=dict(first.checkpoints))
-    outcome, sink, logs = run(small_config(model_dir, **{"checkpoint.keep": 3, "budget.steps": 10}), tmp_path, sink)
+    outcome, sink, logs = run(small_recipe(model_dir, **{"checkpoint.keep": 3, "budget.steps": 10}), tmp_path, sink)
     assert outcome.resumed_from_step == 6 and outcome.final_step == 10
     assert any("skipping checkpoint" in m and "step_00000008.pt" in m for m in logs)
     assert sink.resumes == [6]
@@ -176,7 +159,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous(model_dir, tmp_p
 
 
 def test_ppo_offpolicy_trains_k_steps_on_batches_of_one_policy(model_dir, tmp_path):
-    cfg = small_config(model_dir, **{"async.mode": "ppo-offpolicy", "async.max_lag": 3, "budget.steps": 6})
+    cfg = small_recipe(model_dir, **{"async.mode": "ppo-offpolicy", "async.max_lag": 3, "budget.steps": 6})
     _, sink, _ = run(cfg, tmp_path)
     metrics = [sink.metrics[s] for s in range(1, 7)]
     assert [m["lag"] for m in metrics] == [0, 1, 2, 0, 1, 2]
@@ -186,7 +169,7 @@ def test_ppo_offpolicy_trains_k_steps_on_batches_of_one_policy(model_dir, tmp_pa
 
 
 def test_pipeline_trains_on_the_current_policy(model_dir, tmp_path):
-    _, sink, _ = run(small_config(model_dir, **{"budget.steps": 4}), tmp_path)
+    _, sink, _ = run(small_recipe(model_dir, **{"budget.steps": 4}), tmp_path)
     assert all(m["lag"] == 0 for m in sink.metrics.values())
     fresh = [m for m in sink.metrics.values() if "ratio_max" in m]
     assert fresh and all(abs(m["ratio_max"] - 1) < 1e-4 and abs(m["ratio_min"] - 1) < 1e-4 for m in fresh)
@@ -197,7 +180,7 @@ def test_pipeline_trains_on_the_current_policy(model_dir, tmp_path):
 
 
 def test_a_flops_budget_ends_the_run(model_dir, tmp_path):
-    cfg = small_config(model_dir, **{"budget.steps": None, "budget.flops": 5e8})
+    cfg = small_recipe(model_dir, **{"budget.steps": None, "budget.flops": 5e8})
     outcome, sink, logs = run(cfg, tmp_path)
     assert outcome.state == "completed" and outcome.final_step > 1
     steps = sorted(sink.eval_points)
@@ -206,7 +189,7 @@ def test_a_flops_budget_ends_the_run(model_dir, tmp_path):
 
 
 def test_no_positive_resampling_can_exhaust_the_training_set(model_dir, tmp_path):
-    cfg = small_config(model_dir, **{"data.num_train_prompts": 8, "filter.npr_threshold": 0.0, "budget.steps": 100})
+    cfg = small_recipe(model_dir, **{"data.num_train_prompts": 8, "filter.npr_threshold": 0.0, "budget.steps": 100})
     outcome, sink, logs = run(cfg, tmp_path)
     assert outcome == train.TrainOutcome(2, "completed", None)
     assert max(sink.eval_points) == 2
@@ -214,7 +197,7 @@ def test_no_positive_resampling_can_exhaust_the_training_set(model_dir, tmp_path
 
 
 def test_zero_variance_groups_leave_the_update(model_dir):
-    cfg = small_config(model_dir)
+    cfg = small_recipe(model_dir)
     state = train.initial_state(cfg, load_task(cfg.data), 7, lambda _: None)
     rollout = train.generate_batch(state)
     before = [p.detach().clone() for p in state.model.parameters()]
@@ -224,7 +207,7 @@ def test_zero_variance_groups_leave_the_update(model_dir):
     assert all(torch.equal(a, b) for a, b in zip(before, state.model.parameters()))
     rollout.rewards_PG = torch.tensor([[1.0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1]])
     assert train.policy_update(state, rollout)["num_trained_groups"] == 1
-    unfiltered = small_config(model_dir, **{"filter.zero_variance": False})
+    unfiltered = small_recipe(model_dir, **{"filter.zero_variance": False})
     state.cfg = unfiltered
     assert train.policy_update(state, rollout)["num_trained_groups"] == 4
 
