@@ -318,11 +318,6 @@ def _resources(path: Path, resources: dict[str, Any]) -> dict[str, Any]:
     """The grid's `resources:` over its cluster profile (if any) over the defaults."""
     _known_keys(path, "resources", resources, RESOURCE_KEYS)
     _check_resources(path, "resources", resources)
-    if resources.get("tasks_per_node", 1) != 1:
-        raise GridError(
-            path, "resources.tasks_per_node", f"{resources['tasks_per_node']}: multi-task runs (generator and "
-            "trainer ranks in one job) are not available yet in this version; use 1"
-        )
     merged = dict(RESOURCE_DEFAULTS)
     if resources.get("profile"):
         merged.update(load_profile(path, str(resources["profile"])))

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from launcher.grid import GridError, RunPlan, SweepSpec
-from recipe.config import ConfigError, RecipeConfig
+from recipe.config import ConfigError, RecipeConfig, check_layout
 
 BUILTIN_PREFIX = "builtin:"
 ENGINE_MODULES = {("engine.generator", "vllm"): "vllm", ("engine.trainer", "deepspeed"): "deepspeed"}
@@ -29,6 +29,7 @@ def check_plans(spec: SweepSpec, plans: Sequence[RunPlan]) -> None:
     for key, check in CHECKS:
         for value in sorted({str(c.get(key)) for c in configs}):
             check(spec.path, key, value, next(c for c in configs if str(c.get(key)) == value))
+    check_layouts(spec, configs)
 
 
 def check_model_path(sweep_path: str, key: str, value: str, config: RecipeConfig) -> None:
@@ -64,18 +65,9 @@ def check_engine(sweep_path: str, key: str, value: str, config: RecipeConfig) ->
             f"{value!r} needs the {module!r} package, which {sys.executable} cannot import; "
             "install it on the nodes (pip install -e '.[gpu]') or choose 'torch'",
         )
+    if module == "vllm":
+        return  # it runs on generator ranks: check_layouts says whether the run has any
     raise GridError(sweep_path, key, f"{value!r}: the {module} engine is not available yet in this version; choose 'torch'")
-
-
-def check_layout(sweep_path: str, key: str, value: str, config: RecipeConfig) -> None:
-    """Separate generator ranks need a multi-task job; this version runs one task per run."""
-    if config.engine.generator_ranks:
-        raise GridError(
-            sweep_path,
-            key,
-            f"{value}: runs with separate generator ranks (PipelineRL with in-flight weight updates) are not "
-            "available yet in this version; use 0 (generation and training alternate in one task, lag 0)",
-        )
 
 
 CHECKS: tuple[tuple[str, Callable[[str, str, str, RecipeConfig], None]], ...] = (
@@ -84,8 +76,40 @@ CHECKS: tuple[tuple[str, Callable[[str, str, str, RecipeConfig], None]], ...] = 
     ("data.valid", check_data_file),
     ("engine.generator", check_engine),
     ("engine.trainer", check_engine),
-    ("engine.generator_ranks", check_layout),
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# The run's process layout (docs/engines.md, "Process layout")
+
+
+def check_layouts(spec: SweepSpec, configs: Sequence[RecipeConfig]) -> None:
+    """Every run's trainer and generator ranks fit the job's `resources.nodes` x
+    `resources.tasks_per_node` tasks (`recipe.config.check_layout`, the rule the job applies to
+    the tasks it gets), one task per GPU, and the vLLM engine has generator ranks to run on."""
+    nodes, per_node = int(spec.resources.get("nodes", 1)), int(spec.resources.get("tasks_per_node", 1))
+    gpus = int(spec.resources.get("gpus_per_node") or 0)
+    if gpus and per_node > 1 and gpus != per_node:
+        raise GridError(
+            spec.path, "resources.tasks_per_node", f"{per_node} with resources.gpus_per_node={gpus}: a multi-task "
+            "run has one task per GPU; make them equal"
+        )  # fmt: skip
+    seen: set[tuple[int, str, str]] = set()
+    for config in configs:
+        shape = (config.engine.generator_ranks, config.async_.mode, config.engine.generator)
+        if shape in seen:
+            continue
+        seen.add(shape)
+        try:
+            check_layout(config, num_nodes=nodes, tasks_per_node=per_node)
+        except ConfigError as exc:
+            raise GridError(spec.path, exc.key, exc.detail) from None
+        if config.engine.generator == "vllm" and not config.engine.generator_ranks:
+            raise GridError(
+                spec.path, "engine.generator", "'vllm' with engine.generator_ranks=0: the vLLM engine runs on "
+                "generator ranks in this version; set engine.generator_ranks >= 1 (with resources.tasks_per_node "
+                "to match) or choose 'torch'"
+            )  # fmt: skip
 
 
 def check_root(root: Path) -> Path:

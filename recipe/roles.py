@@ -554,11 +554,9 @@ def build_generator(cfg: RecipeConfig, env: TaskEnv, log: Callable[[str], None])
     """`engine.generator`'s streaming engine, holding the model directory's weights."""
     model_dir = resolve_model_dir(cfg.model.path, log)
     if cfg.engine.generator == "vllm" or (cfg.engine.generator == "auto" and torch.cuda.is_available()):
-        from recipe.engines.vllm_engine import VllmGenerator, VllmSettings
+        from recipe.engines.vllm_engine import VllmGenerator, settings_from_config
 
-        return VllmGenerator(
-            VllmSettings(str(model_dir), dtype=cfg.model.dtype, lm_head_fp32=cfg.precision.lm_head_fp32, seed=cfg.seed)
-        )
+        return VllmGenerator(settings_from_config(cfg, str(model_dir)))
     from recipe.engines.torch_generator import TorchGenerator
 
     model, tokenizer = load_policy(model_dir, dtype=cfg.model.dtype, lm_head_fp32=cfg.precision.lm_head_fp32)

@@ -291,11 +291,14 @@ def is_eval_step(step: int, cfg: RecipeConfig) -> bool:
 
 
 def check_engine(cfg: RecipeConfig) -> None:
-    """Only the torch engine (on CPU) exists yet; `auto` means it on a machine without CUDA."""
+    """The engines this version runs: torch everywhere, vLLM on generator ranks (`recipe.roles`);
+    `auto` means torch on a machine without CUDA."""
     has_cuda = torch.cuda.is_available()
     for key, accelerated in (("engine.generator", "vllm"), ("engine.trainer", "deepspeed")):
         requested = cfg.get(key)
         resolved = (accelerated if has_cuda else "torch") if requested == "auto" else requested
+        if resolved == "vllm" and cfg.engine.generator_ranks:
+            continue
         if resolved != "torch":
             raise NotAvailableError(
                 f"{key}={requested!r} (the {accelerated} engine) is not available yet in this version; "

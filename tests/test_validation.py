@@ -185,8 +185,8 @@ def test_dry_run_script_quotes_the_root_and_honours_root(tmp_path):
 @pytest.mark.parametrize(
     ("text", "fragments"),
     [
-        ("name: a\nrecipe: {engine: {generator_ranks: 1}}\n", ["engine.generator_ranks", "not available yet"]),
-        ("name: a\nresources: {tasks_per_node: 3}\n", ["resources.tasks_per_node", "3", "not available yet"]),
+        ("name: a\nrecipe: {engine: {generator_ranks: 1}}\n", ["engine.generator_ranks", "1", "no trainer rank"]),
+        ("name: a\nresources: {tasks_per_node: 3}\n", ["engine.generator_ranks", "0", "3 task(s)"]),
         # refused whether or not the package is installed: "cannot import" or "not available yet"
         ("name: a\nrecipe: {engine: {trainer: deepspeed}}\n", ["engine.trainer", "'deepspeed'"]),
         ("name: a\nrecipe: {engine: {generator: vllm}}\n", ["engine.generator", "'vllm'"]),
