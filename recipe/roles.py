@@ -358,6 +358,13 @@ class PipelineRollouts:
     they finish; one whose oldest token is more than k versions behind the step is dropped
     (all its samples counted in `num_dropped`) and its admission slot given back. After each
     step the new weights are pushed, then more groups admitted.
+
+    Timings (train metrics of every step, from `after_step`): `weight_push_seconds` (the push
+    alone, from the meta's broadcast until the last tensor has landed), `trainer_seconds` and
+    `trainer_flops` (from handing out the batch until the push: the trainer's step, FLOPs as
+    `recipe.train` counts them), `trainer_tokens` (the positions trained: prompt + completion),
+    `generated_tokens` and `generator_busy_seconds` (completion tokens that arrived since the
+    previous step, and the generators' own time with groups in flight, pushes excluded).
     """
 
     def __init__(self, state: train_mod.RunState, control: ControlServer, sender: Any, log: Callable[[str], None]):
@@ -371,6 +378,8 @@ class PipelineRollouts:
         self.arrived: deque[_Arrived] = deque()
         self.num_dropped = 0
         self.num_sent = 0
+        self.handed_out_at, self.flops_at_handout = time.perf_counter(), state.compute.flops
+        self.generated_tokens, self.generator_busy_seconds = 0, 0.0  # since the last step
         self.push(state)
         self.dispatch(state)
 
@@ -381,7 +390,9 @@ class PipelineRollouts:
         while True:
             taken = self.take_batch(state.step)
             if taken is not None:
-                return self.rollout(state, taken)
+                rollout = self.rollout(state, taken)
+                self.handed_out_at, self.flops_at_handout = time.perf_counter(), state.compute.flops
+                return rollout
             self.dispatch(state)
             if self.receive(state, timeout_s=1.0):
                 deadline = time.monotonic() + peer_timeout_s()
@@ -392,10 +403,25 @@ class PipelineRollouts:
                 )
 
     def after_step(self, state: train_mod.RunState) -> dict[str, float]:
-        started = time.perf_counter()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # the step's kernels count to the trainer, not to the push
+        trained = time.perf_counter()
         self.push(state)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # an NCCL broadcast returns before it has landed
+        pushed = time.perf_counter()
         self.dispatch(state)
-        return {"weight_push_seconds": time.perf_counter() - started}
+        trainer_flops = state.compute.flops - self.flops_at_handout  # only the step counted since
+        metrics = {
+            "weight_push_seconds": pushed - trained,
+            "trainer_seconds": trained - self.handed_out_at,
+            "trainer_flops": trainer_flops,
+            "trainer_tokens": float(round(trainer_flops / (6 * state.num_matmul_params))),
+            "generated_tokens": float(self.generated_tokens),
+            "generator_busy_seconds": self.generator_busy_seconds,
+        }
+        self.generated_tokens, self.generator_busy_seconds = 0, 0.0
+        return metrics
 
     def close(self) -> None:
         """Nothing more is admitted; the generators drop what is in flight when the team stops."""
@@ -442,6 +468,8 @@ class PipelineRollouts:
             if message["type"] == "groups":
                 self._arrive(state, [group_from_wire(g) for g in message["groups"]])
                 state.compute.tokens += int(message["num_tokens"])
+                self.generated_tokens += int(message["num_tokens"])
+                self.generator_busy_seconds += float(message.get("busy_seconds", 0.0))
                 state.compute.flops += 2 * state.num_matmul_params * int(message["num_positions"])
             got = self.control.recv(0.0)
         return True
@@ -587,8 +615,11 @@ def run_generator(
 
 
 def _generate_until_stopped(engine: Any, client: ControlClient, index: int, log: Callable[[str], None]) -> None:
+    """Each "groups" message also carries `busy_seconds`: the wall time since the previous one
+    during which groups were in flight, pushes excluded (the engine's generation time)."""
     running = 0  # groups submitted and not yet sent back
     last_heard = time.monotonic()
+    busy_seconds, busy_since = 0.0, None  # generation time not yet reported; start of the current stretch
     while True:
         message = client.recv(timeout_s=0.0 if running else 0.5)
         while message is not None:
@@ -607,13 +638,20 @@ def _generate_until_stopped(engine: Any, client: ControlClient, index: int, log:
                     )  # fmt: skip
                     running += 1
             elif kind == "weights":
+                if busy_since is not None:  # a push pauses generation: not generation time
+                    busy_seconds += time.monotonic() - busy_since
                 engine.receive_weights(int(message["version"]), meta_from_wire(message["meta"]))
+                busy_since = time.monotonic() if running else None
             message = client.recv(timeout_s=0.0)
         if running:
+            busy_since = time.monotonic() if busy_since is None else busy_since
             groups = engine.poll(timeout_s=0.05)
             if groups:
                 running -= len(groups)
-                client.send(_groups_message(groups))
+                now = time.monotonic()
+                busy_seconds, busy_since = busy_seconds + now - busy_since, (now if running else None)
+                client.send(_groups_message(groups) | {"busy_seconds": busy_seconds})
+                busy_seconds = 0.0
         elif time.monotonic() - last_heard > peer_timeout_s():
             raise TimeoutError(f"nothing from trainer rank 0 for {peer_timeout_s():.0f} s")
 
