@@ -49,6 +49,44 @@ def shard_loss(
     return loss, logp_BT.detach(), part
 
 
+def step_metrics(
+    result: tuple[torch.Tensor, torch.Tensor, TrainBatch] | None,
+    grad_norm: float,
+    world_size: int,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+) -> dict[str, float]:
+    """A step's metrics from this rank's `shard_loss` result: the whole batch's loss and ratio
+    statistics, the same on every rank (collective over `group`, on `device`, when `world_size` > 1).
+    Shared by every trainer engine."""
+    if result is None:
+        loss, ratio_sum, num_tokens, ratio_min, ratio_max = 0.0, 0.0, 0.0, math.inf, -math.inf
+    else:
+        loss_t, logp_BT, part = result
+        ratio = log_ratio(logp_BT, part.behaviour_logp_BT, part.mask_BT)[part.mask_BT].exp()
+        loss, ratio_sum, num_tokens = loss_t.item(), float(ratio.sum()), float(ratio.numel())
+        ratio_min, ratio_max = float(ratio.min()), float(ratio.max())
+    if world_size > 1:
+        loss, ratio_sum, num_tokens = _all_reduce([loss, ratio_sum, num_tokens], dist.ReduceOp.SUM, device, group)
+        (ratio_min,) = _all_reduce([ratio_min], dist.ReduceOp.MIN, device, group)
+        (ratio_max,) = _all_reduce([ratio_max], dist.ReduceOp.MAX, device, group)
+    return {
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "ratio_mean": ratio_sum / num_tokens if num_tokens else math.nan,
+        "ratio_min": ratio_min,
+        "ratio_max": ratio_max,
+    }
+
+
+def _all_reduce(
+    values: list[float], op: dist.ReduceOp, device: torch.device, group: dist.ProcessGroup | None
+) -> list[float]:
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=op, group=group)
+    return tensor.tolist()
+
+
 class TorchTrainer:
     """A `recipe.engines.base.Trainer` on plain torch (AdamW), single process or data parallel."""
 
@@ -71,7 +109,7 @@ class TorchTrainer:
     # -- the step ----------------------------------------------------------------------------
 
     def step(self, batch: TrainBatch, *, lr: float) -> dict[str, float]:
-        batch = _to(batch, next(self.model.parameters()).device)
+        batch = batch_to(batch, next(self.model.parameters()).device)
         self.optimizer.zero_grad(set_to_none=True)
         result = shard_loss(self.model, self.loss_cfg, batch, self.rank, self.world_size)
         if result is not None:
@@ -82,7 +120,7 @@ class TorchTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
-        return self._metrics(result, float(grad_norm))
+        return step_metrics(result, float(grad_norm), self.world_size, self.group, batch.tokens_BT.device)
 
     def _sum_gradients(self) -> None:
         """One all-reduce of every gradient, flattened (zeros for a rank that computed none)."""
@@ -96,35 +134,6 @@ class TorchTrainer:
         for p in params:
             p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
-
-    def _metrics(
-        self, result: tuple[torch.Tensor, torch.Tensor, TrainBatch] | None, grad_norm: float
-    ) -> dict[str, float]:
-        """The whole batch's loss and ratio statistics, the same on every rank."""
-        if result is None:
-            loss, ratio_sum, num_tokens, ratio_min, ratio_max = 0.0, 0.0, 0.0, math.inf, -math.inf
-        else:
-            loss_t, logp_BT, part = result
-            ratio = log_ratio(logp_BT, part.behaviour_logp_BT, part.mask_BT)[part.mask_BT].exp()
-            loss, ratio_sum, num_tokens = loss_t.item(), float(ratio.sum()), float(ratio.numel())
-            ratio_min, ratio_max = float(ratio.min()), float(ratio.max())
-        if self.world_size > 1:
-            loss, ratio_sum, num_tokens = self._all_reduce([loss, ratio_sum, num_tokens], dist.ReduceOp.SUM)
-            (ratio_min,) = self._all_reduce([ratio_min], dist.ReduceOp.MIN)
-            (ratio_max,) = self._all_reduce([ratio_max], dist.ReduceOp.MAX)
-        return {
-            "loss": loss,
-            "grad_norm": grad_norm,
-            "ratio_mean": ratio_sum / num_tokens if num_tokens else math.nan,
-            "ratio_min": ratio_min,
-            "ratio_max": ratio_max,
-        }
-
-    def _all_reduce(self, values: list[float], op: dist.ReduceOp) -> list[float]:
-        device = next(self.model.parameters()).device
-        tensor = torch.tensor(values, dtype=torch.float64, device=device)
-        dist.all_reduce(tensor, op=op, group=self.group)
-        return tensor.tolist()
 
     # -- weights and state -------------------------------------------------------------------
 
@@ -145,7 +154,8 @@ class TorchTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
 
 
-def _to(batch: TrainBatch, device: torch.device) -> TrainBatch:
+def batch_to(batch: TrainBatch, device: torch.device) -> TrainBatch:
+    """`batch` on `device` (itself when it is there already)."""
     if batch.tokens_BT.device == device:
         return batch
     move = lambda t: None if t is None else t.to(device)  # noqa: E731
