@@ -114,12 +114,18 @@ def main(run_dir: str | Path) -> RunState | str:
 def _stopped(store: Store, run_id: str, attempt_id: int, signum: int | None, step: int) -> RunState:
     """The loop stopped on a signal after writing a checkpoint at `step`."""
     name = signal.Signals(signum).name if signum else "a stop request"
-    if retry(lambda: store.get_run(run_id).state, "reading the run") == RunState.CANCELLED:
+    run_state = retry(lambda: store.get_run(run_id).state, "reading the run")
+    if run_state == RunState.CANCELLED:
         retry(
             lambda: store.end_attempt(attempt_id, AttemptState.CANCELLED, f"cancelled at step {step}"),
             "recording the cancel",
         )
         return RunState.CANCELLED
+    if run_state == RunState.PRUNED:  # the sweep's prune policy stopped it (analysis/pruning.py)
+        reason = f"pruned at step {step}; checkpoint written (`sweep launch --resume-pruned` resumes it)"
+        retry(lambda: store.end_attempt(attempt_id, AttemptState.PRUNED, reason), "recording the prune")
+        log.info("%s", reason)
+        return RunState.PRUNED
     if signum == signal.SIGUSR2 and os.environ.get("SLURM_JOB_ID"):
         job = _slurm_job_id()
         subprocess.run(["scontrol", "requeue", job], check=True, timeout=60)

@@ -4,6 +4,7 @@ Nothing outside this package imports SQLAlchemy; everything goes through `Store`
 """
 
 from store.api import (
+    PRUNE_EXEMPT,
     AttemptRecord,
     CheckpointRecord,
     EvalRecord,
@@ -43,6 +44,7 @@ __all__ = [
     "RUN_STATES",
     "TERMINAL_STATES",
     "UNSTARTED_ATTEMPT_STATES",
+    "PRUNE_EXEMPT",
     "AttemptRecord",
     "BadURLError",
     "AttemptState",

@@ -12,7 +12,7 @@ import dataclasses
 import os
 import re
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -37,6 +37,8 @@ from store.states import (
 )
 
 DEFAULT_DB_FILE = "sweeps.db"
+PRUNE_EXEMPT = "exempt"
+"""Key of a run's prune record (Run.prune) once resumed with --resume-pruned: never pruned again."""
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 
 # ---------------------------------------------------------------------------------------------
@@ -66,6 +68,8 @@ class RunRecord:
     state_reason: str | None
     step: int
     updated_at: datetime
+    prune: dict[str, Any] | None = None
+    """The live prune policy's word on the run (store.models.Run.prune)."""
 
 
 @dataclass(frozen=True)
@@ -449,6 +453,29 @@ class Store:
             )
             return list(s.scalars(select(Run.id).where(Run.id.in_(run_ids), Run.claim == token)))
 
+    def claim_pruned_runs(self, run_ids: Sequence[str], token: str) -> dict[str, dict[str, Any] | None]:
+        """`claim_runs` for pruned runs that `sweep launch --resume-pruned` resumes: in the same
+        transaction each claimed run's prune record becomes {"exempt": true, "resumed_at", and the
+        decision it "overruled"}, so the live policy never prunes it again. Returns the claimed
+        ids with the decisions they had."""
+        if not run_ids:
+            return {}
+        with self._write("claiming pruned runs to resume") as s:
+            rows = s.execute(
+                select(Run.id, Run.prune).where(Run.id.in_(run_ids), Run.state == RunState.PRUNED)
+            ).all()
+            now = utcnow().isoformat(timespec="seconds")
+            for run_id, record in rows:
+                s.execute(
+                    update(Run)
+                    .where(Run.id == run_id, Run.state == RunState.PRUNED)
+                    .values(
+                        state=RunState.SUBMITTING, claim=token, state_reason=None,
+                        prune={PRUNE_EXEMPT: True, "resumed_at": now, "overruled": record},
+                    )
+                )  # fmt: skip
+            return {run_id: record for run_id, record in rows}
+
     def set_run_state(
         self, run_id: str, state: str, reason: str | None = None, *, only_from: Sequence[str] | None = None
     ) -> bool:
@@ -590,6 +617,29 @@ class Store:
                 query = update(Run).where(Run.id.in_(chunk), Run.state.in_(only_from))
                 moved += s.execute(query.values(state=state, state_reason=reason, claim=None)).rowcount  # type: ignore[attr-defined]  # a CursorResult
         return moved
+
+    def prune_runs(self, run_ids: Sequence[str], reason: str, record: dict[str, Any]) -> list[str]:
+        """Move the runs still active to `pruned` with `reason` and the decision `record`, in one
+        transaction; return the ids that moved (a run that ended meanwhile keeps its end)."""
+        if not run_ids:
+            return []
+        with self._write(f"pruning {len(run_ids)} runs") as s:
+            moved = list(s.scalars(select(Run.id).where(Run.id.in_(run_ids), Run.state.in_(ACTIVE_STATES))))
+            if moved:
+                s.execute(
+                    update(Run)
+                    .where(Run.id.in_(moved))
+                    .values(state=RunState.PRUNED, state_reason=reason, prune=record, claim=None)
+                )
+            return moved
+
+    def set_prune_records(self, records: Mapping[str, dict[str, Any] | None]) -> None:
+        """Write the prune policy's word (or None) on each run, leaving states alone."""
+        if not records:
+            return
+        with self._write(f"recording the prune policy's word on {len(records)} runs") as s:
+            for run_id, record in records.items():
+                s.execute(update(Run).where(Run.id == run_id).values(prune=record))
 
     def withdraw_submissions(self, run_ids: Sequence[str], reason: str) -> int:
         """A submission failed after it was recorded: the runs (still `submitting` or `queued`) go
@@ -824,6 +874,7 @@ def _run(r: Run, sweep: str) -> RunRecord:
         r.state_reason,
         r.step,
         _aware(r.updated_at),
+        r.prune,
     )
 
 

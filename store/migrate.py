@@ -18,7 +18,7 @@ from sqlalchemy.engine import make_url
 
 from store.errors import SchemaError
 
-HEAD = "0002"  # keep in step with the newest file in store/migrations/versions
+HEAD = "0003"  # keep in step with the newest file in store/migrations/versions
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 REVISION_FILE = re.compile(r"^(\d{4})_\w+\.py$")
 _PG_LOCK_KEY = 0x5CA1E5  # any constant shared by every scalesweep process

@@ -45,6 +45,9 @@ class Run(Base):
     state_reason: Mapped[str | None] = mapped_column(Text, default=None)
     step: Mapped[int] = mapped_column(Integer, default=0)  # newest step reported by the run
     claim: Mapped[str | None] = mapped_column(String(64), default=None)  # who is submitting it
+    prune: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    """The live prune policy's word on the run (analysis/pruning.py): the last judgment it took
+    part in, or the decision that pruned it (the fit that decided), or that it was resumed."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 

@@ -21,6 +21,7 @@ class RunState(StrEnum):
     CANCELLED = "cancelled"
     TIMEOUT = "timeout"
     PREEMPTED = "preempted"  # stopped by the cluster; it comes back by itself (requeue)
+    PRUNED = "pruned"  # stopped after a checkpoint by the sweep's prune policy; `--resume-pruned` resumes it
 
 
 class AttemptState(StrEnum):
@@ -32,6 +33,7 @@ class AttemptState(StrEnum):
     CANCELLED = "cancelled"
     TIMEOUT = "timeout"
     PREEMPTED = "preempted"
+    PRUNED = "pruned"
 
 
 RUN_STATES: tuple[RunState, ...] = tuple(RunState)
@@ -40,8 +42,9 @@ ATTEMPT_STATES: tuple[AttemptState, ...] = tuple(AttemptState)
 # A run somebody (an executor, a launcher) is still working on.
 ACTIVE_STATES = (RunState.SUBMITTING, RunState.QUEUED, RunState.PENDING, RunState.RUNNING, RunState.PREEMPTED)
 # A run that has ended and stays so until somebody launches it again.
-TERMINAL_STATES = (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED, RunState.TIMEOUT)
-# Ended without completing: `sweep launch --retry-failed` submits these again.
+TERMINAL_STATES = (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED, RunState.TIMEOUT, RunState.PRUNED)
+# Ended without completing: `sweep launch --retry-failed` submits these again (pruned runs are
+# not among them: `sweep launch --resume-pruned` resumes those).
 RETRYABLE_STATES = (RunState.FAILED, RunState.CANCELLED, RunState.TIMEOUT)
 # What `sweep cancel` may cancel.
 CANCELLABLE_STATES = (RunState.REGISTERED, *ACTIVE_STATES)
