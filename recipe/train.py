@@ -8,11 +8,13 @@ One optimizer step:
 2. Rollouts: `batch.generations` completions per prompt, sampled at temperature 1 with no top-p or
    top-k, each token's behaviour log-prob recorded; a completion ends at EOS or at the generation
    cap (the task's own, below `length.max_new_tokens`), where it counts as truncated.
+   `length.control=interrupt` (tasks with a thinking phase: sumk, math-jsonl): each completion
+   gets a thinking budget drawn from [interrupt_min, interrupt_max]; one still thinking at its
+   budget gets the end-of-thinking phrase appended and goes on to answer (`recipe.sampler`). The
+   forced tokens are context for the policy but not its actions: they are left out of the loss.
+   A task without a thinking phase (sort6) accepts interrupt only with budgets beyond its cap.
 3. Rewards: the task's verifiable reward; with `length.control=penalty` plus DAPO's overlong
-   penalty. `length.control=interrupt` would cut a completion at a budget drawn from
-   [interrupt_min, interrupt_max] and force an answer; this engine accepts it only when the budget
-   lies beyond the generation cap, where no completion reaches it (always so for sort6, whose
-   completions are at most 7 tokens; it has no thinking phase to interrupt).
+   penalty.
 4. Advantages: A = r - mean(group r), scaled by `advantage.norm`. With `filter.zero_variance`,
    groups whose rewards are all equal leave the batch before anything is computed on it.
 5. Update: `loss.type` on the importance ratio exp(logp_trainer - logp_behaviour), aggregated by
@@ -72,7 +74,7 @@ from recipe.engines.base import TrainBatch, Trainer
 from recipe.engines.torch_trainer import TorchTrainer
 from recipe.lag import Span, lag_metrics
 from recipe.model import load_policy, matmul_param_count
-from recipe.sampler import Completions, decode, sample
+from recipe.sampler import Completions, InterruptRule, decode, sample
 from recipe.sink import Sink
 from recipe.tasks import Task, load_task
 
@@ -157,6 +159,8 @@ class RunState:
     valid_prompt_mask: torch.Tensor | None = None
     num_gpus: int = 0
     """GPUs the run's job holds, all tasks together: what a second of a step costs in GPU-seconds."""
+    interrupt: InterruptRule | None = None
+    """`length.control=interrupt` where it can fire (`interrupt_rule`); None: no completion is interrupted."""
 
 
 class RolloutSource(Protocol):
@@ -211,6 +215,7 @@ def train(
     torch.set_num_threads(cfg.engine.threads)
     task = load_task(cfg.data)
     state = initial_state(cfg, task, generation_cap(cfg, task, log), log, team)
+    state.interrupt = interrupt_rule(cfg, task, state.tokenizer, state.max_new_tokens, log)
     resumed_from = resume(state, run_dir, sink, log)
     source = team.rollouts(state) if team is not None else LocalRollouts()
     try:
@@ -291,19 +296,34 @@ def is_eval_step(step: int, cfg: RecipeConfig) -> bool:
 
 
 def check_engine(cfg: RecipeConfig) -> None:
-    """The engines this version runs: torch everywhere, vLLM on generator ranks (`recipe.roles`);
-    `auto` means torch on a machine without CUDA."""
+    """The engines this version runs: torch everywhere, DeepSpeed (ZeRO stages 0-2) for the trainers
+    where it is installed, vLLM on generator ranks (`recipe.roles`); `auto` means vLLM and DeepSpeed
+    on a machine with CUDA, torch without."""
+    import importlib.util
+    import sys
+
     has_cuda = torch.cuda.is_available()
-    for key, accelerated in (("engine.generator", "vllm"), ("engine.trainer", "deepspeed")):
-        requested = cfg.get(key)
-        resolved = (accelerated if has_cuda else "torch") if requested == "auto" else requested
-        if resolved == "vllm" and cfg.engine.generator_ranks:
-            continue
-        if resolved != "torch":
-            raise NotAvailableError(
-                f"{key}={requested!r} (the {accelerated} engine) is not available yet in this version; "
-                f"set {key}=torch to train with plain torch on CPU"
-            )
+    requested = cfg.engine.generator
+    resolved = ("vllm" if has_cuda else "torch") if requested == "auto" else requested
+    if resolved == "vllm" and not cfg.engine.generator_ranks:
+        raise NotAvailableError(
+            f"engine.generator={requested!r} (the vllm engine) is not available yet in this version; "
+            "set engine.generator=torch to train with plain torch on CPU"
+        )
+    requested = cfg.engine.trainer
+    resolved = ("deepspeed" if has_cuda else "torch") if requested == "auto" else requested
+    if resolved != "deepspeed":
+        return
+    if importlib.util.find_spec("deepspeed") is None:
+        raise NotAvailableError(
+            f"engine.trainer={requested!r} (the deepspeed engine) needs the deepspeed package, which "
+            f"{sys.executable} cannot import; install it (pip install -e '.[gpu]') or set engine.trainer=torch"
+        )
+    if cfg.engine.zero_stage == 3:
+        raise NotAvailableError(
+            "engine.zero_stage=3 (weights sharded over the trainer ranks) is not available yet in this version: "
+            "trainer rank 0 samples, evaluates and pushes with the whole weights; set engine.zero_stage to 0, 1 or 2"
+        )
 
 
 def check_budget(cfg: RecipeConfig) -> None:
@@ -317,21 +337,59 @@ def check_budget(cfg: RecipeConfig) -> None:
 
 
 def generation_cap(cfg: RecipeConfig, task: Task, log: Callable[[str], None]) -> int:
-    """The most new tokens per completion; refuses an interrupt budget that could be reached."""
+    """The most new tokens per completion; refuses an interrupt budget that could be reached on a
+    task without a thinking phase."""
     cap = min(task.max_new_tokens, cfg.length.max_new_tokens)
-    if cfg.length.control == "interrupt":
-        if cfg.length.interrupt_min < cap:
-            raise NotAvailableError(
-                f"length.control=interrupt with length.interrupt_min={cfg.length.interrupt_min} below the "
-                f"generation cap of {cap} tokens: forced interruption is not available yet in this version "
-                f"({task.name} has no thinking phase to interrupt); raise length.interrupt_min to >= {cap} "
-                "or use length.control=penalty or none"
-            )
+    length = cfg.length
+    if length.control != "interrupt":
+        return cap
+    if length.interrupt_min >= cap:
         log(
-            f"length.control=interrupt: budgets of {cfg.length.interrupt_min}-{cfg.length.interrupt_max} "
+            f"length.control=interrupt: budgets of {length.interrupt_min}-{length.interrupt_max} "
             f"tokens lie beyond the {cap}-token cap, so no completion is interrupted"
         )
+    elif task.interrupt_phrase is None:
+        raise NotAvailableError(
+            f"length.control=interrupt with length.interrupt_min={length.interrupt_min} below the "
+            f"generation cap of {cap} tokens: {task.name} has no thinking phase to interrupt; raise "
+            f"length.interrupt_min to >= {cap} or use length.control=penalty or none"
+        )
+    elif cfg.engine.generator_ranks:
+        raise NotAvailableError(
+            "length.control=interrupt with engine.generator_ranks > 0: forced interruption on generator ranks is "
+            f"not available yet in this version; use engine.generator_ranks=0, or length.interrupt_min >= {cap}"
+        )
     return cap
+
+
+def interrupt_rule(
+    cfg: RecipeConfig, task: Task, tokenizer: PreTrainedTokenizerFast, cap: int, log: Callable[[str], None]
+) -> InterruptRule | None:
+    """How `length.control=interrupt` forces answers on this task and tokenizer; None where no
+    budget can be reached (`generation_cap` has refused the cases that cannot work)."""
+    length = cfg.length
+    if length.control != "interrupt" or length.interrupt_min >= cap or task.interrupt_phrase is None:
+        return None
+    close_ids = tokenizer(task.think_close, add_special_tokens=False).input_ids
+    phrase_ids = tuple(tokenizer(task.interrupt_phrase, add_special_tokens=False).input_ids)
+    if len(close_ids) != 1 or phrase_ids[-1:] != tuple(close_ids):
+        raise NotAvailableError(
+            f"length.control=interrupt: the model's tokenizer does not write {task.think_close!r} as one token, "
+            "so the end of thinking cannot be detected; use length.control=penalty or none"
+        )
+    room = cap - len(phrase_ids) - task.answer_tokens
+    if length.interrupt_max > room:
+        raise ConfigError(
+            "length.interrupt_max",
+            f"{length.interrupt_max}: an interrupt at that thinking budget leaves no room for the answer under the "
+            f"{cap}-token generation cap (the phrase takes {len(phrase_ids)} tokens, the answer at least "
+            f"{task.answer_tokens}); lower it to <= {room} or raise length.max_new_tokens",
+        )
+    log(
+        f"length.control=interrupt: thinking budgets drawn from {length.interrupt_min}-{length.interrupt_max} tokens, "
+        f"then {task.interrupt_phrase!r} is appended ({len(phrase_ids)} tokens) and the answer follows"
+    )
+    return InterruptRule(close_ids[0], phrase_ids, length.interrupt_min, length.interrupt_max)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,7 +442,15 @@ def build_optimizer(cfg: RecipeConfig, model: torch.nn.Module) -> torch.optim.Op
 
 
 def build_trainer(cfg: RecipeConfig, model: PreTrainedModel, optimizer: torch.optim.Optimizer) -> Trainer:
-    """`engine.trainer`'s engine on this rank's share of the trainers' group (if there is one)."""
+    """`engine.trainer`'s engine (auto: DeepSpeed with CUDA, torch without) on this rank's share of
+    the trainers' group (if there is one; the DeepSpeed trainer makes a one-rank group if not)."""
+    requested = cfg.engine.trainer
+    if requested == "deepspeed" or (requested == "auto" and torch.cuda.is_available()):
+        from recipe.engines.deepspeed_trainer import DeepspeedTrainer  # imports deepspeed: only when asked for
+
+        return DeepspeedTrainer(
+            model, optimizer, cfg.loss, max_grad_norm=cfg.optim.max_grad_norm, zero_stage=cfg.engine.zero_stage
+        )
     return TorchTrainer(model, optimizer, cfg.loss, max_grad_norm=cfg.optim.max_grad_norm)
 
 
@@ -499,6 +565,7 @@ def generate_batch(state: RunState) -> Rollout:
         pad_id=state.tokenizer.pad_token_id,
         generator=state.generator,
         prompt_mask_BP=_prompt_mask(state.train_prompt_mask, rows_P, group_size),
+        interrupt=None if state.interrupt is None else state.interrupt.draw(len(prompt_ids_BP), state.generator),
     )
     prompts = [task.train_prompts[int(r)] for r in rows_P for _ in range(group_size)]
     passes_B = torch.tensor(task.score(prompts, decode(state.tokenizer, completions)))
@@ -538,13 +605,14 @@ def rollout_metrics(rollout: Rollout) -> dict[str, float]:
         "pass_rate": float(rollout.passes_PG.mean()),
         "mean_length": float(c.lengths_B.float().mean()),
         "truncation_rate": float((~c.finished_B).float().mean()),
+        "interrupt_rate": float(c.interrupted_B.float().mean()),
         "entropy": _entropy_estimate(c),
     }
 
 
 def _entropy_estimate(c: Completions) -> float:
     """-E[log pi(y_t)] over sampled tokens: an unbiased estimate of the per-token entropy, for free."""
-    return float(-c.logp_BT[c.mask_BT].mean())
+    return float(-c.logp_BT[loss_mask(c)].mean())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -586,10 +654,15 @@ def train_batch(
         prompt_mask_BP=None if prompt_mask_BP is None else prompt_mask_BP[keep_B],
         tokens_BT=c.tokens_BT[keep_B],
         behaviour_logp_BT=c.logp_BT[keep_B],
-        mask_BT=c.mask_BT[keep_B],
+        mask_BT=loss_mask(c)[keep_B],
         adv_B=group_advantages(rollout.rewards_PG[keep_P], cfg.advantage.norm).flatten(),
         group_size=group_size,
     )
+
+
+def loss_mask(c: Completions) -> torch.Tensor:
+    """The tokens the policy chose: the completion without what an interrupt forced."""
+    return c.mask_BT if c.forced_BT is None else c.mask_BT & ~c.forced_BT
 
 
 def lr_at(step: int, cfg: RecipeConfig) -> float:
@@ -628,25 +701,29 @@ def evaluate(state: RunState) -> dict[str, Any]:
     prompt_mask = _prompt_mask(state.valid_prompt_mask, torch.arange(len(task.valid_prompts)), k)
     prompts = [p for p in task.valid_prompts for _ in range(k)]
     generator = torch.Generator().manual_seed(_seed(_EVAL_STREAM, cfg.seed, state.step))
-    passes, lengths, finished, logps = [], [], [], []
+    passes, lengths, finished, interrupted, logps = [], [], [], [], []
     for start in range(0, len(prompts), EVAL_CHUNK):
+        chunk = prompt_ids[start : start + EVAL_CHUNK]
         out = sample(
             state.model,
-            prompt_ids[start : start + EVAL_CHUNK],
+            chunk,
             max_new_tokens=state.max_new_tokens,
             eos_id=state.tokenizer.eos_token_id,
             pad_id=state.tokenizer.pad_token_id,
             generator=generator,
             prompt_mask_BP=None if prompt_mask is None else prompt_mask[start : start + EVAL_CHUNK],
+            interrupt=None if state.interrupt is None else state.interrupt.draw(len(chunk), generator),
         )
         passes += task.score(prompts[start : start + EVAL_CHUNK], decode(state.tokenizer, out))
         lengths.append(out.lengths_B)
         finished.append(out.finished_B)
-        logps.append(out.logp_BT[out.mask_BT])
+        interrupted.append(out.interrupted_B)
+        logps.append(out.logp_BT[loss_mask(out)])
     return {
         "pass_rate": float(np.mean(passes)),
         "num_samples": len(passes),
         "mean_length": float(torch.cat(lengths).float().mean()),
         "truncation_rate": float((~torch.cat(finished)).float().mean()),
+        "interrupt_rate": float(torch.cat(interrupted).float().mean()),
         "entropy": float(-torch.cat(logps).mean()),
     }
