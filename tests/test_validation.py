@@ -187,8 +187,7 @@ def test_dry_run_script_quotes_the_root_and_honours_root(tmp_path):
     [
         ("name: a\nrecipe: {engine: {generator_ranks: 1}}\n", ["engine.generator_ranks", "1", "no trainer rank"]),
         ("name: a\nresources: {tasks_per_node: 3}\n", ["engine.generator_ranks", "0", "3 task(s)"]),
-        # refused whether or not the package is installed: "cannot import" or "not available yet"
-        ("name: a\nrecipe: {engine: {trainer: deepspeed}}\n", ["engine.trainer", "'deepspeed'"]),
+        # refused whether or not the package is installed: "cannot import" or no generator ranks
         ("name: a\nrecipe: {engine: {generator: vllm}}\n", ["engine.generator", "'vllm'"]),
         ("name: a\nrecipe: {engine: {generator_ranks: -1}}\n", ["recipe.engine.generator_ranks", "-1"]),
     ],
@@ -197,4 +196,24 @@ def test_layouts_this_version_cannot_run_are_refused_at_launch(tmp_path, text, f
     result, db = _launch(tmp_path, text, [])
     assert result.exit_code == 2, result.output
     assert all(f in result.stderr for f in fragments), result.stderr
+    assert not db.exists()
+
+
+@pytest.mark.parametrize("installed", [True, False], ids=["installed", "not-importable"])
+def test_the_deepspeed_trainer_is_refused_at_launch_only_where_it_cannot_be_imported(tmp_path, monkeypatch, installed):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    if installed and real_find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed (pip install deepspeed==0.19.8)")
+    if not installed:
+        monkeypatch.setattr(
+            importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real_find_spec(name, *a)
+        )
+    result, db = _launch(tmp_path, "name: a\nrecipe: {engine: {trainer: deepspeed}}\n", ["--dry-run"])
+    if installed:
+        assert result.exit_code == 0, result.output
+    else:
+        assert result.exit_code == 2, result.output
+        assert all(f in result.stderr for f in ["engine.trainer", "'deepspeed'", "cannot import"]), result.stderr
     assert not db.exists()
