@@ -214,3 +214,73 @@ def test_zero_stage_3_and_a_missing_package_are_refused_before_any_work(monkeypa
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real_find_spec(name, *a))
     with pytest.raises(NotAvailableError, match="engine.trainer='deepspeed'.*cannot import"):
         train.check_engine(resolve({"engine.trainer": "deepspeed"}))
+
+
+# ---------------------------------------------------------------------------------------------
+# The real job path: `sweep launch`, the local executor, one job process per run
+
+
+RUN = """\
+name: {name}
+recipe:
+  engine: {{trainer: deepspeed, zero_stage: 2}}
+  batch: {{prompts: 4, generations: 4}}
+  optim: {{lr: 3.0e-4, warmup_steps: 2}}
+  eval: {{every: 4, samples: 2}}
+  data: {{num_valid_prompts: 16}}
+  checkpoint: {{every: 3}}
+budget: {{steps: {steps}}}
+"""
+
+
+def sweep(db: str, *args: str) -> tuple[int, str]:
+    from click.testing import CliRunner
+
+    from launcher.cli import cli
+
+    result = CliRunner().invoke(cli, ["--db", db, *args], terminal_width=200)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
+
+
+def launch(db: str, sweep_file, name: str, steps: int, *extra: str) -> None:
+    grid = sweep_file(RUN.format(name=name, steps=steps), name=f"{name}.yaml")
+    code, out = sweep(db, "launch", str(grid), *extra, "--cluster", "local", "--max-parallel", "2", "--wait")
+    assert code == 0, out
+
+
+def only_run(db: str, name: str) -> dict:
+    code, out = sweep(db, "status", name, "--json")
+    assert code == 0, out
+    (run,) = json.loads(out)["runs"]
+    return run
+
+
+@pytest.mark.slow
+def test_a_deepspeed_run_completes_through_the_job_path_and_resumes_like_an_uninterrupted_one(sweep_file, sqlite_url):
+    from store import Store
+
+    launch(sqlite_url, sweep_file, "straight", 6)
+    launch(sqlite_url, sweep_file, "split", 3)
+    launch(sqlite_url, sweep_file, "split", 3, "budget.steps=6")  # the same run, continued from its checkpoint
+    store = Store(sqlite_url)
+    straight, split = only_run(sqlite_url, "straight"), only_run(sqlite_url, "split")
+    assert straight["state"] == split["state"] == "completed" and straight["step"] == split["step"] == 6
+    assert [a.resumed_from_step for a in store.attempts(split["run"])] == [None, 3]
+    points = {r["run"]: {p.step: p for p in store.eval_points(r["run"])} for r in (straight, split)}
+    assert sorted(points[straight["run"]]) == [0, 1, 2, 4, 6]
+    assert sorted(points[split["run"]]) == [0, 1, 2, 3, 4, 6]  # 3: the first attempt's last step
+    for step, want in points[straight["run"]].items():
+        got = points[split["run"]][step]
+        assert (got.pass_rate, got.flops, got.tokens) == (want.pass_rate, want.flops, want.tokens), step
+    final = [
+        torch.load(checkpoint.checkpoint_path(Path(r["run_dir"]), 6), weights_only=True) for r in (straight, split)
+    ]
+    for name, value in final[0]["model"].items():
+        assert torch.equal(final[1]["model"][name], value), name
+    for i, slots in final[0]["optimizer"]["state"].items():
+        assert all(torch.equal(final[1]["optimizer"]["state"][i][k], v) for k, v in slots.items()), i
+    for run in (straight, split):
+        log = Path(run["stdout"]).read_text() + Path(run["stderr"]).read_text()
+        assert "shm_comm" not in log, "DeepSpeed built its shm comm op"  # what skip_shm_comm_build prevents
