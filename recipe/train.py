@@ -163,6 +163,11 @@ class RunState:
     """`length.control=interrupt` where it can fire (`interrupt_rule`); None: no completion is interrupted."""
 
 
+class StopBeforeStep(Exception):
+    """A rollout source gives up on the next batch because a stop signal arrived (its peers
+    stop too); the loop checkpoints the last step taken and returns."""
+
+
 class RolloutSource(Protocol):
     """Where trainer rank 0's batches come from: this process (`LocalRollouts`) or generator
     ranks streaming under PipelineRL-k (`recipe.roles.PipelineRollouts`)."""
@@ -222,6 +227,7 @@ def train(
         return _loop(state, source, run_dir, sink, should_stop, log, resumed_from)
     finally:
         source.close()
+        state.trainer.close()
 
 
 def _loop(
@@ -237,7 +243,12 @@ def _loop(
     if resumed_from is None:
         report_eval(state, sink, log)
     while finish_reason(state) is None:
-        metrics = train_step(state, source)
+        try:
+            metrics = train_step(state, source)
+        except StopBeforeStep as reason:
+            save_checkpoint(state, run_dir, sink)  # at the last step taken: the curve resumes clean
+            log(f"stopped at step {state.step} on request ({reason}); checkpoint saved")
+            return TrainOutcome(state.step, "stopped", resumed_from)
         sink.train_metrics(state.step, metrics)
         final = finish_reason(state) is not None
         if final or is_eval_step(state.step, cfg):
@@ -351,8 +362,8 @@ def generation_cap(cfg: RecipeConfig, task: Task, log: Callable[[str], None]) ->
     elif task.interrupt_phrase is None:
         raise NotAvailableError(
             f"length.control=interrupt with length.interrupt_min={length.interrupt_min} below the "
-            f"generation cap of {cap} tokens: {task.name} has no thinking phase to interrupt; raise "
-            f"length.interrupt_min to >= {cap} or use length.control=penalty or none"
+            f"generation cap of {cap} tokens: forced interruption is not available yet for {task.name}, which has "
+            f"no thinking phase to interrupt; raise length.interrupt_min to >= {cap} or use length.control=penalty or none"
         )
     elif cfg.engine.generator_ranks:
         raise NotAvailableError(
