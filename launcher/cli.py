@@ -21,11 +21,21 @@ from launcher.preflight import check_plans, check_root
 from launcher.importer import IMPORT_FORMATS, import_curves
 from launcher.launch import EXECUTORS, LaunchError, default_executor, default_root, launch
 from launcher.slurm import SlurmError
-from launcher.status import all_ended, collect, summary
-from store import COMPUTE_AXES, MEASURED_COMPUTE_AXES, TERMINAL_STATES, BadURLError, NotFoundError, Store, StoreError
+from launcher.status import all_ended, collect, pruned_lines, summary
+from store import (
+    COMPUTE_AXES,
+    MEASURED_COMPUTE_AXES,
+    TERMINAL_STATES,
+    BadURLError,
+    NotFoundError,
+    RunState,
+    Store,
+    StoreError,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 REPORT_FORMATS = ("table", "md", "csv", "json", "html")
+render.STATE_STYLE.setdefault(RunState.PRUNED, "dark_orange")  # until render.py names it (coord request)
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -116,7 +126,13 @@ def cli(ctx: click.Context, db: str | None) -> None:
     is_flag=True,
     help="Also resubmit failed, timed-out and cancelled runs; they resume from their newest checkpoint.",
 )
-@click.option("--wait", is_flag=True, help="Show live progress until every run has ended.")
+@click.option(
+    "--resume-pruned",
+    is_flag=True,
+    help="Also resubmit the runs the sweep's prune policy stopped; they resume from their newest checkpoint "
+    "and are not pruned again.",
+)
+@click.option("--wait", is_flag=True, help="Show live progress until every run has ended (applying the prune policy).")
 @click.option(
     "--max-parallel",
     type=int,
@@ -147,6 +163,7 @@ def launch_cmd(
     as_json: bool,
     cluster: str | None,
     retry_failed: bool,
+    resume_pruned: bool,
     wait: bool,
     max_parallel: int | None,
     root: Path | None,
@@ -184,8 +201,11 @@ def launch_cmd(
         return
     store = _store(ctx, create=True)
     result = launch(
-        store, spec, plans, executor=executor, root=root, retry_failed=retry_failed, max_parallel=max_parallel
-    )
+        store, spec, plans, executor=executor, root=root, retry_failed=retry_failed, resume_pruned=resume_pruned,
+        max_parallel=max_parallel,
+    )  # fmt: skip
+    if resume_pruned:
+        out.print(_resumed_line(result.resumed), soft_wrap=True)
     out.print(
         f"sweep [bold]{escape(result.sweep)}[/]: {result.num_runs} runs, {len(result.new)} new, "
         f"{len(result.submitted)} submitted ({result.executor})"
@@ -194,6 +214,17 @@ def launch_cmd(
     )
     if wait:
         _watch(store, spec.name, until_done=True)
+
+
+def _resumed_line(resumed: Sequence[tuple[str, int | None]]) -> str:
+    """What `--resume-pruned` resumed, and from where (markup-escaped)."""
+    if not resumed:
+        return "resumed 0 pruned run(s)"
+    where = ", ".join(
+        f"{escape(run_id)} (from its checkpoint at step {step})" if step is not None else f"{escape(run_id)} (from the start)"
+        for run_id, step in resumed
+    )
+    return f"resumed {len(resumed)} pruned run(s): {where}; they are exempt from the prune policy from now on"
 
 
 @cli.command("status")
@@ -213,15 +244,18 @@ def status_cmd(ctx: click.Context, sweep: str | None, as_json: bool, watch: bool
 
     Before reading, a sync step brings the store in line with the executors: local jobs whose
     process is gone fail, Slurm's verdicts are recorded, queued local work gets a scheduler, and
-    runs held back by a Slurm submit limit are submitted if there is room now. It never creates
-    a store or migrates one.
+    runs held back by a Slurm submit limit are submitted if there is room now. Then the sweep's
+    `prune:` policy, if it has one, is applied live: at its judgment points the configurations
+    are fitted (seeds pooled, as `sweep prune --dry-run`) and the runs of a dominated one are
+    stopped after a checkpoint and shown as pruned, with the fit that decided
+    (docs/pruning.md). It never creates a store or migrates one.
     """
     store = _store(ctx)
     name = _sweep_name(store, sweep)
     if watch:
         _watch(store, name, until_done=True, compute=compute)
         return
-    rows = collect(store, name)
+    rows = collect(store, name, prune=_live_prune)
     if as_json:
         click.echo(json.dumps({"sweep": name, "runs": [r.to_json() for r in rows]}, indent=2, default=str))
         return
@@ -232,7 +266,31 @@ def status_cmd(ctx: click.Context, sweep: str | None, as_json: bool, watch: bool
     for note in notes:
         count = sum(note in r.notes for r in rows)
         out.print(f"note: {count} run{'s' if count != 1 else ''}: {escape(note)}", soft_wrap=True)
+    _print_pruned(out, rows)
     render.print_failures(out, rows)
+
+
+def _live_prune(store: Store, sweep: str) -> list[str]:
+    """Apply the sweep's live prune policy (status.Pruner): judge what is due, stop the runs of
+    the dominated configurations after a checkpoint, record the word on every run judged; the
+    ids pruned. A sweep without a `prune:` block costs one read, and nothing is imported."""
+    record = store.get_sweep(sweep)
+    if record is None or (record.spec.get("grid") or {}).get("prune") is None:
+        return []
+    from analysis.pruning import live_judgment, policy_of
+    from launcher.cancel import prune
+
+    policy = policy_of(record.spec)
+    if policy is None:
+        return []
+    judgment = live_judgment(store, sweep, policy)
+    store.set_prune_records(judgment.judged)
+    return [run_id for p in judgment.prunes for run_id in prune(store, sweep, p.run_ids, p.reason, p.record)]
+
+
+def _print_pruned(out: Any, rows: Sequence[Any]) -> None:
+    for line in pruned_lines(list(rows)):
+        out.print(f"[dark_orange]{escape(line)}[/]", soft_wrap=True)
 
 
 class ComputeAmount(click.ParamType):
@@ -297,8 +355,9 @@ def prune_cmd(ctx: click.Context, sweep: str | None, simulate: bool, dry_run: bo
     """Scaling-aware pruning of SWEEP's configurations (seeds pooled): one is dominated when the
     upper bound of its fitted asymptote lies below the best configuration's lower bound by more
     than the margin (the sweep file's `prune:` block; docs/pruning.md). --simulate also shows a
-    current-value pruner (what ASHA-style tools judge) beside it. Pruning running runs live is
-    not available yet: use --dry-run and `sweep cancel`."""
+    current-value pruner (what ASHA-style tools judge) beside it. The policy is applied live by
+    `sweep status` (and `--watch`, `sweep launch --wait`, the local scheduler): pruned runs stop
+    after a checkpoint; `sweep launch --resume-pruned` resumes them."""
     from analysis.pruning import PrunePolicy, judge
     from analysis.pruning import simulate as replay
     from analysis.pruning import simulate_current
@@ -573,7 +632,7 @@ def _watch(store: Store, sweep: str, *, until_done: bool, compute: str | None = 
     try:
         with Live(console=out, auto_refresh=False) as live:
             while True:
-                rows = collect(store, sweep)
+                rows = collect(store, sweep, prune=_live_prune)
                 done = sum(r.run.state in TERMINAL_STATES for r in rows)
                 table = render.status_table(sweep, rows, compute=compute or _compute_axis(rows))
                 table.caption = f"{done}/{len(rows)} runs ended · {_summary_line(rows)}"
@@ -585,6 +644,7 @@ def _watch(store: Store, sweep: str, *, until_done: bool, compute: str | None = 
         out.print("\nstopped watching; the runs go on")
         return
     out.line()  # Live leaves its last line open when the output is not a terminal
+    _print_pruned(out, rows)
     render.print_failures(out, rows)
 
 

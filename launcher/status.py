@@ -2,18 +2,24 @@
 
 Before reading, the store is reconciled with the executors: local attempts whose process is gone
 without a word become failed; Slurm attempts are refreshed with one sacct query for the whole
-sweep (launcher.slurm). Queued local work without a scheduler gets one.
+sweep (launcher.slurm). Queued local work without a scheduler gets one. Then, if the caller hands
+one in, the sweep's live prune policy is applied (the CLI hands in analysis' pruner: this module
+knows nothing of fits).
 """
 
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from launcher import local
 from store import TERMINAL_STATES, AttemptRecord, AttemptState, EvalRecord, RunRecord, RunState, Store
 
+
+Pruner = Callable[[Store, str], object]
+"""Applies a sweep's live prune policy (the CLI's `_live_prune`)."""
 
 SYNCHRONOUS_PIPELINE = "async.mode=pipeline with engine.generator_ranks=0: synchronous (lag 0)"
 
@@ -47,6 +53,7 @@ class StatusRow:
             "axes": self.run.axes,
             "state": self.run.state,
             "reason": self.run.state_reason,
+            "prune": self.run.prune,
             "attempts": self.num_attempts,
             "step": self.run.step,
             "budget": self.run.budget,
@@ -63,10 +70,10 @@ class StatusRow:
         }
 
 
-def collect(store: Store, sweep: str, *, reconcile: bool = True) -> list[StatusRow]:
-    """The sweep's rows, after the sync step (`sync`) unless `reconcile` is False."""
+def collect(store: Store, sweep: str, *, reconcile: bool = True, prune: Pruner | None = None) -> list[StatusRow]:
+    """The sweep's rows, after the sync step (`sync`, with `prune`) unless `reconcile` is False."""
     if reconcile:
-        sync(store, sweep)
+        sync(store, sweep, prune=prune)
     runs = store.runs(sweep)
     attempts = store.latest_attempts(sweep)
     counts = store.attempt_counts(sweep)
@@ -74,15 +81,18 @@ def collect(store: Store, sweep: str, *, reconcile: bool = True) -> list[StatusR
     return [StatusRow(r, counts.get(r.id, 0), attempts.get(r.id), last.get(r.id)) for r in runs]
 
 
-def sync(store: Store, sweep: str) -> None:
+def sync(store: Store, sweep: str, *, prune: Pruner | None = None) -> None:
     """The sync step of `sweep status`, its only writes: bring the store in line with what the
     executors know (local processes gone, Slurm's verdicts), start a local scheduler for queued
-    work that has none, and submit runs a Slurm submit limit held back if there is room now."""
+    work that has none, and submit runs a Slurm submit limit held back if there is room now;
+    then `prune` applies the sweep's prune policy (it stops the runs it prunes)."""
     reconcile_local(store, sweep)
     if any(a.executor == "slurm" for a in store.latest_attempts(sweep).values()):
         from launcher import slurm
 
         slurm.reconcile(store, sweep)
+    if prune is not None:
+        prune(store, sweep)
 
 
 def reconcile_local(store: Store, sweep: str) -> None:
@@ -96,6 +106,31 @@ def reconcile_local(store: Store, sweep: str) -> None:
         reason = f"process {attempt.pid} is gone without reporting an end (killed?) (log: {attempt.stderr_path})"
         store.settle_attempt(attempt.id, RunState.FAILED, reason)
     local.ensure_scheduler(store)
+
+
+def pruned_lines(rows: list[StatusRow]) -> list[str]:
+    """One line per pruned run: why, the fit that decided it, and where its job stopped (plain text)."""
+    lines = []
+    for row in rows:
+        if row.run.state != RunState.PRUNED:
+            continue
+        record = row.run.prune or {}
+        fit = ""
+        if record.get("A") and record.get("best_A"):
+            (lo, hi), (best_lo, best_hi) = record["A"], record["best_A"]
+            fit = (
+                f" [fit on {record.get('compute_axis')} up to {record.get('compute', 0):.3g}: A in {lo:.3f}-{hi:.3f}, "
+                f"best {record.get('best')} A in {best_lo:.3f}-{best_hi:.3f}, margin {record.get('margin')}, "
+                f"level {record.get('level')}]"
+            )
+        a = row.attempt
+        end = (
+            a.exit_reason
+            if a is not None and a.state == AttemptState.PRUNED and a.exit_reason
+            else "stopping after a checkpoint at the next step boundary"
+        )
+        lines.append(f"{row.run.id}: {row.run.state_reason or 'pruned'}{fit}; {end}")
+    return lines
 
 
 def summary(rows: list[StatusRow]) -> dict[str, int]:

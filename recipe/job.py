@@ -97,7 +97,7 @@ def main(run_dir: str | Path) -> RunState | str:
         if layout.num_tasks == 1:
             outcome = train(cfg, run_dir, sink, should_stop=stop, log=log.info)
         else:
-            with LeadTeam(cfg, run_dir, env, layout, log.info) as team:
+            with LeadTeam(cfg, run_dir, env, layout, log.info, should_stop=stop) as team:
                 outcome = train(cfg, run_dir, sink, should_stop=stop, log=log.info, team=team)
     except Exception as exc:
         reason = f"{type(exc).__name__}: {exc} (log: {attempt.stderr_path or 'the job stderr'})"

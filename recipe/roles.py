@@ -136,6 +136,10 @@ class Rendezvous:
     trainer_port: int
     weight_port: int
     backend: str
+    """The trainers' own group: NCCL with one GPU per task, else gloo."""
+    weight_backend: str
+    """The weight group's: NCCL unless its ranks share a GPU (NCCL refuses two ranks on one
+    device), then gloo, which broadcasts CUDA tensors through host memory."""
 
     @property
     def control_address(self) -> str:
@@ -237,6 +241,9 @@ class LeadTrainer:
     def eval_model(self) -> torch.nn.Module:
         return self.inner.eval_model()
 
+    def close(self) -> None:
+        self.inner.close()
+
     def stop_followers(self) -> None:
         self._tell("stop")
 
@@ -263,13 +270,23 @@ class LeadTeam:
     """The run's other tasks as trainer rank 0 sees them (a `recipe.train.Team`); a context
     manager: leaving it stops every other task."""
 
-    def __init__(self, cfg: RecipeConfig, run_dir: Path, env: TaskEnv, layout: Layout, log: Callable[[str], None]):
-        self.cfg, self.env, self.layout, self.log = cfg, env, layout, log
-        self.num_gpus = env.num_tasks if torch.cuda.is_available() else 0
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    def __init__(
+        self,
+        cfg: RecipeConfig,
+        run_dir: Path,
+        env: TaskEnv,
+        layout: Layout,
+        log: Callable[[str], None],
+        should_stop: Callable[[], bool] = lambda: False,
+    ):
+        self.cfg, self.env, self.layout, self.log, self.should_stop = cfg, env, layout, log, should_stop
+        gpus_per_node = torch.cuda.device_count()
+        self.num_gpus = min(env.num_tasks, gpus_per_node * env.num_nodes)  # what the job holds, not its tasks
+        backend = "nccl" if gpus_per_node else "gloo"
+        weight_backend = "nccl" if gpus_per_node >= env.tasks_per_node else "gloo"
         self.control = ControlServer(layout.num_generators)
         self.rendezvous = Rendezvous(
-            env.attempt_key, socket.gethostname(), self.control.port, free_port(), free_port(), backend
+            env.attempt_key, socket.gethostname(), self.control.port, free_port(), free_port(), backend, weight_backend
         )
         publish(run_dir, self.rendezvous)
         log(
@@ -279,7 +296,7 @@ class LeadTeam:
         join_trainer_group(env, layout, self.rendezvous)
         self._wait_for_generators()
         spec = WeightGroupSpec(
-            self.rendezvous.host, self.rendezvous.weight_port, layout.num_generators, backend, peer_timeout_s()
+            self.rendezvous.host, self.rendezvous.weight_port, layout.num_generators, weight_backend, peer_timeout_s()
         )
         self.sender = weight_sender(cfg, spec)
         self.leader: LeadTrainer | None = None
@@ -301,7 +318,7 @@ class LeadTeam:
         return self.leader
 
     def rollouts(self, state: train_mod.RunState) -> PipelineRollouts:
-        return PipelineRollouts(state, self.control, self.sender, self.log)
+        return PipelineRollouts(state, self.control, self.sender, self.log, self.should_stop)
 
     def __enter__(self) -> LeadTeam:
         return self
@@ -367,9 +384,17 @@ class PipelineRollouts:
     previous step, and the generators' own time with groups in flight, pushes excluded).
     """
 
-    def __init__(self, state: train_mod.RunState, control: ControlServer, sender: Any, log: Callable[[str], None]):
+    def __init__(
+        self,
+        state: train_mod.RunState,
+        control: ControlServer,
+        sender: Any,
+        log: Callable[[str], None],
+        should_stop: Callable[[], bool] = lambda: False,
+    ):
         cfg = state.cfg
-        self.control, self.sender, self.log = control, sender, log
+        self.control, self.sender, self.log, self.should_stop = control, sender, log, should_stop
+        self.peers_gone = False  # set once the generators went away after a stop signal
         self.max_lag, self.groups_per_step = cfg.async_.max_lag, cfg.batch.prompts
         self.admission = Admission(self.max_lag, self.groups_per_step)
         self.admission.admitted = state.step * self.groups_per_step  # a resumed run trained these; nothing in flight
@@ -393,6 +418,10 @@ class PipelineRollouts:
                 rollout = self.rollout(state, taken)
                 self.handed_out_at, self.flops_at_handout = time.perf_counter(), state.compute.flops
                 return rollout
+            if self.should_stop():
+                # Slurm signals every task at once (a requeue, a preemption): the generators stop
+                # too, so the batch will not fill. The last step's checkpoint is what resumes.
+                raise train_mod.StopBeforeStep("a stop signal arrived while waiting for rollouts")
             self.dispatch(state)
             if self.receive(state, timeout_s=1.0):
                 deadline = time.monotonic() + peer_timeout_s()
@@ -406,11 +435,21 @@ class PipelineRollouts:
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # the step's kernels count to the trainer, not to the push
         trained = time.perf_counter()
-        self.push(state)
+        try:
+            if not self.peers_gone:
+                self.push(state)
+        except Exception as exc:
+            if not self.should_stop():
+                raise
+            # The same signal reached the generators (and vLLM's engine process) first: nothing
+            # is left to push to. This step is trained; the loop checkpoints it and stops.
+            self.peers_gone = True
+            self.log(f"step {state.step}: no weight push, the generators stopped on the signal ({type(exc).__name__})")
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # an NCCL broadcast returns before it has landed
         pushed = time.perf_counter()
-        self.dispatch(state)
+        if not self.peers_gone:
+            self.dispatch(state)
         trainer_flops = state.compute.flops - self.flops_at_handout  # only the step counted since
         metrics = {
             "weight_push_seconds": pushed - trained,
@@ -464,6 +503,8 @@ class PipelineRollouts:
             return False
         while got is not None:
             index, message = got
+            if message["type"] == "error" and self.should_stop():
+                raise train_mod.StopBeforeStep(f"generator {index} stopped on the signal: {message.get('message')}")
             _raise_if_error(index, message)
             if message["type"] == "groups":
                 self._arrive(state, [group_from_wire(g) for g in message["groups"]])
@@ -602,10 +643,10 @@ def run_generator(
         engine = build_generator(cfg, env, log)
         client.send({"type": "hello", "index": index})
         spec = WeightGroupSpec(
-            rendezvous.host, rendezvous.weight_port, layout.num_generators, rendezvous.backend, peer_timeout_s()
+            rendezvous.host, rendezvous.weight_port, layout.num_generators, rendezvous.weight_backend, peer_timeout_s()
         )
         engine.join_weight_group(spec, index)
-        log(f"generator {index}: joined the weight group ({rendezvous.backend})")
+        log(f"generator {index}: joined the weight group ({rendezvous.weight_backend})")
         _generate_until_stopped(engine, client, index, log)
     except Exception as exc:
         client.send({"type": "error", "message": f"{type(exc).__name__}: {exc}"})

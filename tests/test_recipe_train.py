@@ -227,11 +227,11 @@ def test_overlong_penalty_is_added_only_under_length_control_penalty():
     ("overrides", "error", "match"),
     [
         ({"engine.generator": "vllm"}, NotAvailableError, "engine.generator='vllm'.*not available yet"),
-        ({"engine.trainer": "deepspeed"}, NotAvailableError, "engine.trainer='deepspeed'.*not available yet"),
+        ({"engine.trainer": "deepspeed", "engine.zero_stage": 3}, NotAvailableError, "zero_stage=3.*not available yet"),
         (
             {"data.task": "math-jsonl", "data.train": "t.jsonl", "data.valid": "v.jsonl"},
             ConfigError,
-            "data.valid: v.jsonl: no such file",
+            "math-jsonl' needs a Hugging Face model directory",
         ),
         ({"length.interrupt_min": 4, "length.interrupt_max": 6}, NotAvailableError, "interrupt.*not available yet"),
         ({"budget.steps": None, "budget.gpu_hours": 1.0}, ConfigError, "budget.gpu_hours"),

@@ -149,6 +149,9 @@ class TorchTrainer:
     def check_state(self, state: Mapping[str, Any]) -> None:
         checkpoint.check_fits(state, self.model, self.optimizer)
 
+    def close(self) -> None:
+        """Nothing to release: the process group (if any) belongs to the run's roles."""
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
