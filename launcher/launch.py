@@ -38,6 +38,8 @@ class LaunchResult:
     submitted: list[str]
     extended: list[str] = field(default_factory=list)  # completed runs whose budget was raised
     waiting: int = 0  # held back by a submit limit; they go out at the next launch or status
+    resumed: list[tuple[str, int | None]] = field(default_factory=list)
+    """Pruned runs resubmitted by --resume-pruned, with the checkpoint step they resume from."""
 
 
 def default_executor() -> str:
@@ -56,8 +58,13 @@ def launch(
     executor: str,
     root: Path | None = None,
     retry_failed: bool = False,
+    resume_pruned: bool = False,
     max_parallel: int | None = None,
 ) -> LaunchResult:
+    """Register the plans' new runs and submit those not done. `retry_failed` also resubmits
+    failed, timed-out and cancelled runs; `resume_pruned` the runs the sweep's prune policy
+    stopped, which are exempt from it from then on. Resubmitted runs resume from their newest
+    checkpoint."""
     if executor not in EXECUTORS:
         raise LaunchError(f"unknown executor {executor!r}; allowed: {', '.join(EXECUTORS)}")
     existing_sweep = store.get_sweep(spec.name)
@@ -88,6 +95,12 @@ def launch(
     wanted = [p.id for p in plans if p.id not in known or known[p.id].state in from_states]
     token = uuid.uuid4().hex
     claimed = store.claim_runs(wanted, from_states, token) + store.claim_runs(extended, [RunState.COMPLETED], token)
+    resumed: list[tuple[str, int | None]] = []
+    if resume_pruned:
+        pruned = [p.id for p in plans if p.id in known and known[p.id].state == RunState.PRUNED]
+        won = store.claim_pruned_runs(pruned, token)
+        claimed += list(won)
+        resumed = [(run_id, _newest_checkpoint(store, run_id)) for run_id in won]
     submitted: list[str] = []
     if claimed:
         runs = [r for r in store.runs(spec.name, states=[RunState.SUBMITTING]) if r.id in set(claimed)]
@@ -95,7 +108,12 @@ def launch(
     elif executor == "local":
         local.ensure_scheduler(store, max_parallel=max_parallel)
     waiting = len(claimed) - len(submitted)
-    return LaunchResult(spec.name, str(sweep_dir), executor, len(plans), new, submitted, extended, waiting)
+    return LaunchResult(spec.name, str(sweep_dir), executor, len(plans), new, submitted, extended, waiting, resumed)
+
+
+def _newest_checkpoint(store: Store, run_id: str) -> int | None:
+    checkpoints = store.checkpoints(run_id)
+    return checkpoints[-1].step if checkpoints else None
 
 
 def _update_budgets(store: Store, sweep: str, plans: Sequence[RunPlan], known: dict[str, RunRecord]) -> list[str]:
