@@ -7,6 +7,11 @@ as slots free up, never more than `max_parallel` at once, records how each ended
 the queue is empty. `sweep launch` and `sweep status` start it whenever queued work has no
 scheduler, so a reboot or a killed scheduler loses nothing.
 
+While it serves runs of a sweep that has a `prune:` policy, the scheduler runs `sweep status
+SWEEP` every $SWEEP_PRUNE_POLL_S seconds (default 30) in a child process: the status's sync step
+applies the policy live (the scheduler itself knows nothing of fits), so pruning happens even
+when nobody watches.
+
 The limit lives in a file beside the scheduler's lock (not in the scheduler's memory), and a
 scheduler counts the live jobs that an earlier, killed scheduler left running: so a scheduler that
 `sweep status` restarts after a SIGKILL keeps `--max-parallel` (docs/decisions.md, "Local limit").
@@ -34,6 +39,7 @@ from store import AttemptRecord, AttemptState, RunRecord, RunState, Store
 EXECUTOR = "local"
 JOB_TIMEOUT_MIN = 7 * 24 * 60  # submitit's local default is 2 minutes
 POLL_S = 0.5
+PRUNE_POLL_S = 30.0
 
 
 def lock_path(db_url: str) -> Path:
@@ -137,8 +143,10 @@ def serve(store: Store) -> None:
     if handle is None:
         return  # another scheduler serves this database
     slots: list[Slot] = []
+    pruning = PruneCheck(store)
     try:
         while True:
+            pruning.tick(slots)
             slots = _reap(store, slots)
             orphans = _orphans(store, slots)
             free = read_limit(store.url) - len(slots) - orphans
@@ -156,6 +164,42 @@ def serve(store: Store) -> None:
     finally:
         if handle is not None:
             handle.release()
+
+
+def prune_poll_s() -> float:
+    return float(os.environ.get("SWEEP_PRUNE_POLL_S") or PRUNE_POLL_S)
+
+
+class PruneCheck:
+    """Every `prune_poll_s()`, one `sweep status SWEEP` child per served sweep that has a prune
+    policy, one at a time (its sync step applies the policy; its output is not needed, its
+    errors go to the scheduler's log)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.child: subprocess.Popen[bytes] | None = None
+        self.waiting: list[str] = []
+        self.last = time.monotonic()
+
+    def tick(self, slots: Sequence[Slot]) -> None:
+        if self.child is not None and self.child.poll() is None:
+            return
+        self.child = None
+        if not self.waiting and time.monotonic() - self.last >= prune_poll_s():
+            self.last = time.monotonic()
+            self.waiting = [name for name in sorted({s.run.sweep for s in slots}) if self._has_policy(name)]
+        if self.waiting:
+            self.child = self._start(self.waiting.pop(0))
+
+    def _has_policy(self, sweep: str) -> bool:
+        record = self.store.get_sweep(sweep)
+        return record is not None and (record.spec.get("grid") or {}).get("prune") is not None
+
+    def _start(self, sweep: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "SWEEP_DB": self.store.url}
+        args = [sys.executable, "-m", "launcher.cli", "status", sweep, "--json"]
+        with open(_log_file(self.store), "ab") as log:
+            return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=log, stdin=subprocess.DEVNULL)
 
 
 def _orphans(store: Store, slots: list[Slot]) -> int:
