@@ -27,6 +27,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +35,7 @@ import transformers
 from filelock import FileLock
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from recipe import tasks
+from recipe import tasks, tasks_think
 from recipe.config import ConfigError, cache_root
 from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer
 from recipe.sampler import decode, sample
@@ -71,7 +72,21 @@ class WarmupRecipe:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-BUILTINS: dict[str, WarmupRecipe] = {"sort6-tiny": WarmupRecipe()}
+@dataclass(frozen=True)
+class SumkWarmupRecipe(WarmupRecipe):
+    """The base of the sumk family (`builtin:sumk-tiny`): worked completions of every k in
+    `tasks_think.MIN_DIGITS`..`MAX_DIGITS`, label-smoothed like sort6's (see `build_sumk_base`)."""
+
+    task: str = "sumk"
+    format_version: int = 2
+    """Bump when sumk's prompt or completion format changes (the cache key then changes with it)."""
+    shape: TinyLlamaShape = field(default_factory=lambda: TinyLlamaShape(max_positions=32))
+    num_steps: int = 800
+    lr: float = 1.5e-3
+    label_smoothing: float = 0.2
+
+
+BUILTINS: dict[str, WarmupRecipe] = {"sort6-tiny": WarmupRecipe(), "sumk-tiny": SumkWarmupRecipe()}
 
 
 def resolve_model_dir(path: str, log: Callable[[str], None] = print) -> Path:
@@ -101,7 +116,7 @@ def builtin_model_dir(name: str, recipe: WarmupRecipe, root: Path, log: Callable
         log(f"building base model {BUILTIN_PREFIX}{name} (once; cached in {final})")
         staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=models_dir))
         try:
-            build_sort6_base(recipe, staging, log)
+            (build_sumk_base if isinstance(recipe, SumkWarmupRecipe) else build_sort6_base)(recipe, staging, log)
             _make_readable(staging)
             os.rename(staging, final)
         finally:
@@ -182,3 +197,93 @@ def probe_pass_rates(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast,
         rewards = [tasks.reward(p, c) for p, c in zip(prompts, decode(tokenizer, out))]
         rates[f"{mode}_pass_rate"] = float(np.mean(rewards))
     return rates
+
+
+# ---------------------------------------------------------------------------------------------
+# sumk
+
+
+NUM_SUMK_WARMUP_PROMPTS = 20_000
+
+
+def build_sumk_base(recipe: WarmupRecipe, out_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """Supervised warm-up of a fresh tiny Llama on sumk's worked completions; save model, tokenizer, report."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # float sums are ordered differently with more threads
+    try:
+        tokenizer = build_tokenizer(tasks_think.VOCABULARY, eos=tasks_think.EOS, pad=tasks_think.PAD)
+        model = build_tiny_llama(recipe.shape, tokenizer, recipe.seed)
+        sumk_supervised_warmup(model, tokenizer, recipe)
+        report = sumk_probe(model, tokenizer, seed=recipe.seed)
+    finally:
+        torch.set_num_threads(threads)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    num_params = sum(p.numel() for p in model.parameters())
+    report = {"num_params": num_params, **report, "recipe": dataclasses.asdict(recipe)}
+    (out_dir / "warmup.json").write_text(json.dumps(report, indent=2) + "\n")
+    log(
+        f"base model: {num_params} parameters, held-out pass greedy {report['greedy_pass_rate']:.3f}, "
+        f"sampled {report['sampled_pass_rate']:.3f}"
+    )
+    return report
+
+
+def sumk_supervised_warmup(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, recipe: WarmupRecipe) -> None:
+    """Label-smoothed cross-entropy on the completion tokens (scratchpad, `</think>`, answer, EOS).
+
+    Sequences of different lengths are right-padded (causal attention: padding after a sequence
+    changes nothing before it), so positions count from each sequence's first token, as they do
+    for the left-padded prompts of RL (`recipe.sampler.padding_inputs`).
+    """
+    prompts = tasks_think.warmup_prompts(NUM_SUMK_WARMUP_PROMPTS, recipe.seed)
+    rows = [
+        (tokenizer(p, add_special_tokens=False).input_ids, tokenizer(tasks_think.worked_completion(p)).input_ids)
+        for p in prompts
+    ]
+    width = max(len(p) + len(c) for p, c in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    is_target = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, (p, c) in enumerate(rows):
+        ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+        is_target[i, len(p) : len(p) + len(c)] = True
+    rng = np.random.default_rng(recipe.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.0)
+    model.train()
+    for _ in range(recipe.num_steps):
+        batch = torch.from_numpy(rng.choice(len(rows), size=recipe.batch_size, replace=False))
+        used = int(is_target[batch].any(dim=0).nonzero().max()) + 1
+        seq_BT, target_BT = ids[batch, :used], is_target[batch, :used]
+        logits_BTV = model(input_ids=seq_BT[:, :-1]).logits.float()
+        loss = torch.nn.functional.cross_entropy(
+            logits_BTV[target_BT[:, 1:]], seq_BT[:, 1:][target_BT[:, 1:]], label_smoothing=recipe.label_smoothing
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    model.eval()
+
+
+def sumk_probe(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, seed: int) -> dict[str, Any]:
+    """Greedy and sampled (temperature 1) pass rates on held-out prompts of the default mixture,
+    overall and per k, with room for every worked completion."""
+    _, prompts = tasks_think.prompt_sets(1, NUM_PROBE_PROMPTS * 4)
+    task = tasks.Task("sumk", [], prompts, tasks_think.reward, 0)
+    prompt_ids, prompt_mask = task.encode(tokenizer, prompts)
+    ks = np.array([len(tasks_think.prompt_digits(p)) for p in prompts])
+    report: dict[str, Any] = {}
+    for mode in ("greedy", "sampled"):
+        out = sample(
+            model,
+            prompt_ids,
+            max_new_tokens=tasks_think.thinking_tokens(tasks_think.DEFAULT_MAX_DIGITS) + 1 + tasks_think.ANSWER_TOKENS,
+            eos_id=tokenizer.eos_token_id,
+            pad_id=tokenizer.pad_token_id,
+            generator=torch.Generator().manual_seed(seed),
+            greedy=mode == "greedy",
+            prompt_mask_BP=prompt_mask,
+        )
+        rewards = np.array([tasks_think.reward(p, c) for p, c in zip(prompts, decode(tokenizer, out))])
+        report[f"{mode}_pass_rate"] = float(rewards.mean())
+        report[f"{mode}_pass_rate_by_k"] = {int(k): float(rewards[ks == k].mean()) for k in np.unique(ks)}
+    return report

@@ -97,19 +97,40 @@ class ModelConfig(Section):
     """auto: bfloat16 on GPU, float32 on CPU."""
 
 
+SUMK_DIGITS = (1, 12)
+"""The k a sumk prompt may have (recipe.tasks_think.MIN_DIGITS, MAX_DIGITS; a test keeps them equal)."""
+SUMK_ANSWER_TOKENS = 4
+"""sumk's new tokens beyond its scratchpad (a running sum per digit): `</think>`, two answer digits, EOS."""
+BUILTIN_MODEL_TASKS = {"builtin:sort6-tiny": "sort6", "builtin:sumk-tiny": "sumk"}
+"""The task each built-in base model was warmed up on (its tokenizer knows that task's symbols only)."""
+
+
 @dataclass(kw_only=True)
 class DataConfig(Section):
     KEY = "data"
-    task: Literal["sort6", "math-jsonl"] = "sort6"
-    """sort6: the built-in task (sort the 6 digits of two 3-digit numbers). math-jsonl: files below."""
+    task: Literal["sort6", "sumk", "math-jsonl"] = "sort6"
+    """sort6: the built-in task (sort the 6 digits of two 3-digit numbers). sumk: the built-in
+    thinking task (the sum mod 10 of k digits, worked out in a scratchpad; model builtin:sumk-tiny).
+    math-jsonl: files below."""
     train: str = ""
     valid: str = ""
     num_train_prompts: int = bounded(20000, lo=1)
     num_valid_prompts: int = bounded(256, lo=1)
+    sumk_min_digits: int = bounded(2, lo=SUMK_DIGITS[0], hi=SUMK_DIGITS[1])
+    sumk_max_digits: int = bounded(12, lo=SUMK_DIGITS[0], hi=SUMK_DIGITS[1])
+    """sumk: k is uniform on [sumk_min_digits, sumk_max_digits]; a k-digit problem takes k + 4 new tokens."""
 
     def check(self) -> None:
         if self.task == "math-jsonl" and not (self.train and self.valid):
             raise ConfigError("data.train", "math-jsonl needs data.train and data.valid (JSONL paths)")
+        if self.sumk_max_digits < self.sumk_min_digits:
+            raise ConfigError(
+                "data.sumk_max_digits", f"{self.sumk_max_digits} is below data.sumk_min_digits={self.sumk_min_digits}"
+            )
+        if self.task != "sumk":
+            for key in ("sumk_min_digits", "sumk_max_digits"):
+                if getattr(self, key) != getattr(DataConfig, key):
+                    raise ConfigError(f"data.{key}", f"applies to data.task=sumk only, not {self.task!r}")
 
 
 @dataclass(kw_only=True)
@@ -268,6 +289,9 @@ class RecipeConfig(Section):
     seed: int = bounded(0, lo=0, hi=2**32 - 1)
     """torch, numpy and vLLM all take 32-bit seeds."""
 
+    def check(self) -> None:
+        check_task_rules(self)
+
     # -- conversions -----------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
@@ -288,6 +312,31 @@ class RecipeConfig(Section):
         for part in key.split("."):
             node = getattr(node, _attr(part))
         return node
+
+
+def check_task_rules(cfg: RecipeConfig) -> None:
+    """Rules between the task, the model and length control that need no model or data:
+    a built-in model serves its own task only; under `length.control=interrupt` a sumk budget that
+    can be reached leaves room for the answer (the interrupt appends `</think>`, then the two answer
+    digits and EOS must still fit under the generation cap)."""
+    task, path = cfg.data.task, cfg.model.path
+    trained_on = BUILTIN_MODEL_TASKS.get(path)
+    if trained_on is not None and trained_on != task:
+        fitting = ", ".join(p for p, t in BUILTIN_MODEL_TASKS.items() if t == task) or "a Hugging Face model directory"
+        raise ConfigError(
+            "model.path", f"{path!r} is the {trained_on} base model; data.task={task!r} needs {fitting}"
+        )
+    length = cfg.length
+    if task == "sumk" and length.control == "interrupt":
+        cap = min(cfg.data.sumk_max_digits + SUMK_ANSWER_TOKENS, length.max_new_tokens)
+        room = cap - SUMK_ANSWER_TOKENS
+        if length.interrupt_min < cap and length.interrupt_max > room:
+            raise ConfigError(
+                "length.interrupt_max",
+                f"{length.interrupt_max}: an interrupt at that thinking budget leaves no room for the answer under "
+                f"the generation cap of {cap} tokens (`</think>`, the answer and EOS take {SUMK_ANSWER_TOKENS}); "
+                f"lower it to <= {room} or raise length.max_new_tokens",
+            )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,6 +12,13 @@ Prompts of one length (sort6's) need no attention mask. Prompts of different len
 come left-padded with `prompt_mask_BP`: padding is masked out and positions count real tokens
 only, so each row samples as it would alone. Finished sequences are fed padding, which nothing
 reads.
+
+Forced interruption (`length.control=interrupt`, `Interrupt`): generation starts inside a
+thinking block; a row that has written `budget_B[row]` tokens without closing its thinking gets
+the end-of-thinking phrase instead of its next sampled tokens, and then samples its answer. The
+forced tokens are part of the completion (the policy reads them) but were not chosen by it:
+`Completions.forced_BT` marks them, and their recorded log-prob is the policy's own for that
+token (so the importance ratio stays 1 there too).
 """
 
 from __future__ import annotations
@@ -40,10 +47,56 @@ class Completions:
     """True for the completion's tokens, EOS included."""
     finished_B: torch.Tensor
     """True where the completion ended with EOS; False where the cap truncated it."""
+    forced_BT: torch.Tensor | None = None
+    """True for tokens the interrupt appended instead of sampling; None: no interrupt was set."""
 
     @property
     def lengths_B(self) -> torch.Tensor:
         return self.mask_BT.sum(dim=1)
+
+    @property
+    def interrupted_B(self) -> torch.Tensor:
+        """True where the interrupt fired (the end-of-thinking phrase was forced)."""
+        if self.forced_BT is None:
+            return torch.zeros_like(self.finished_B)
+        return self.forced_BT.any(dim=1)
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """Forced end of thinking: what closes a thinking block, and each row's thinking budget."""
+
+    close_id: int
+    """The token that ends thinking when the policy writes it (`</think>`)."""
+    phrase_ids: tuple[int, ...]
+    """What is appended at the budget; its last token is `close_id`."""
+    budget_B: torch.Tensor
+    """Per row, the number of tokens after which a row still thinking is interrupted."""
+
+    def __post_init__(self) -> None:
+        if not self.phrase_ids or self.phrase_ids[-1] != self.close_id:
+            raise ValueError(f"the interrupt phrase {self.phrase_ids} must end with the close token {self.close_id}")
+        if self.budget_B.ndim != 1 or bool((self.budget_B < 0).any()):
+            raise ValueError("interrupt budgets must be a 1-d tensor of counts >= 0")
+
+
+@dataclass(frozen=True)
+class InterruptRule:
+    """`length.control=interrupt` for one run: the phrase, and the range budgets are drawn from."""
+
+    close_id: int
+    phrase_ids: tuple[int, ...]
+    low: int
+    high: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.low <= self.high:
+            raise ValueError(f"interrupt budget range [{self.low}, {self.high}] must satisfy 0 <= low <= high")
+
+    def draw(self, num_rows: int, generator: torch.Generator | None) -> Interrupt:
+        """An `Interrupt` with thinking budgets uniform on [low, high], inclusive, one per row."""
+        budget_B = torch.randint(self.low, self.high + 1, (num_rows,), generator=generator)
+        return Interrupt(self.close_id, self.phrase_ids, budget_B)
 
 
 @torch.no_grad()
@@ -57,11 +110,13 @@ def sample(
     generator: torch.Generator | None = None,
     greedy: bool = False,
     prompt_mask_BP: torch.Tensor | None = None,
+    interrupt: Interrupt | None = None,
 ) -> Completions:
     """Complete every prompt until EOS or `max_new_tokens`, whichever comes first.
 
     greedy=True takes the most likely token instead of sampling (the warm-up's metric).
     prompt_mask_BP marks the real tokens of left-padded prompts (None: no padding).
+    interrupt: force the end of thinking at each row's budget (None: never).
     """
     decoding = Decoding(
         prompt_ids_BP,
@@ -71,6 +126,7 @@ def sample(
         generator=generator,
         greedy=greedy,
         prompt_mask_BP=prompt_mask_BP,
+        interrupt=interrupt,
     )
     while not decoding.done:
         decoding.advance(model)
@@ -97,9 +153,12 @@ class Decoding:
         generator: torch.Generator | None = None,
         greedy: bool = False,
         prompt_mask_BP: torch.Tensor | None = None,
+        interrupt: Interrupt | None = None,
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if interrupt is not None and interrupt.budget_B.shape[0] != prompt_ids_BP.shape[0]:
+            raise ValueError(f"{interrupt.budget_B.shape[0]} interrupt budgets for {prompt_ids_BP.shape[0]} rows")
         self.prompt_ids_BP, self.max_new_tokens = prompt_ids_BP, max_new_tokens
         self.eos_id, self.pad_id, self.generator, self.greedy = eos_id, pad_id, generator, greedy
         self.padded = padding_inputs(prompt_mask_BP)
@@ -108,6 +167,14 @@ class Decoding:
         self.tokens: list[torch.Tensor] = []
         self.logps: list[torch.Tensor] = []
         self.alive: list[torch.Tensor] = []
+        self.interrupt = interrupt
+        self.forced: list[torch.Tensor] = []
+        rows = prompt_ids_BP.shape[0]
+        self.budget_B = None if interrupt is None else interrupt.budget_B.to(prompt_ids_BP.device)
+        self.thinking_B = torch.ones(rows, dtype=torch.bool, device=prompt_ids_BP.device)
+        """Rows that have not closed their thinking yet."""
+        self.phrase_pos_B = torch.full((rows,), -1, dtype=torch.long, device=prompt_ids_BP.device)
+        """Per row, the index of the next forced phrase token; -1 when not forcing."""
 
     @property
     def num_tokens(self) -> int:
@@ -136,6 +203,8 @@ class Decoding:
         else:
             token_B = torch.multinomial(logp_BV.exp(), 1, generator=self.generator).squeeze(1)
         alive_B = ~self.done_B
+        if self.interrupt is not None:
+            token_B = self._force(token_B, alive_B)
         token_B = torch.where(alive_B, token_B, self.pad_id)
         self.tokens.append(token_B)
         self.logps.append(torch.where(alive_B, logp_BV.gather(-1, token_B[:, None]).squeeze(1), 0.0))
@@ -143,12 +212,28 @@ class Decoding:
         self.done_B = self.done_B | (token_B == self.eos_id)
         return alive_B
 
+    def _force(self, token_B: torch.Tensor, alive_B: torch.Tensor) -> torch.Tensor:
+        """The interrupt: rows at their budget start the phrase; rows inside it take its next token."""
+        interrupt = self.interrupt
+        assert interrupt is not None and self.budget_B is not None
+        start_B = alive_B & self.thinking_B & (self.phrase_pos_B < 0) & (self.budget_B <= self.num_tokens)
+        self.phrase_pos_B = torch.where(start_B, 0, self.phrase_pos_B)
+        forcing_B = alive_B & (self.phrase_pos_B >= 0)
+        phrase = torch.tensor(interrupt.phrase_ids, dtype=token_B.dtype, device=token_B.device)
+        token_B = torch.where(forcing_B, phrase[self.phrase_pos_B.clamp(min=0)], token_B)
+        self.phrase_pos_B = torch.where(forcing_B, self.phrase_pos_B + 1, self.phrase_pos_B)
+        self.phrase_pos_B = torch.where(self.phrase_pos_B >= len(phrase), -1, self.phrase_pos_B)
+        self.thinking_B = self.thinking_B & ~(alive_B & (token_B == interrupt.close_id))
+        self.forced.append(forcing_B)
+        return token_B
+
     def completions(self) -> Completions:
         return Completions(
             tokens_BT=torch.stack(self.tokens, dim=1),
             logp_BT=torch.stack(self.logps, dim=1),
             mask_BT=torch.stack(self.alive, dim=1),
             finished_B=self.done_B,
+            forced_BT=torch.stack(self.forced, dim=1) if self.interrupt is not None else None,
         )
 
 

@@ -9,6 +9,10 @@ Text is whitespace-separated symbols, one token each, so the word-level tokenize
 `recipe.model` maps it one to one. The reward is 1 for an exact match (the EOS included) and 0
 otherwise; a wrong length, a missing EOS or a wrong digit all score 0.
 
+sumk (`recipe.tasks_think`) has a thinking phase and a length ceiling: the sum modulo 10 of k
+digits, worked out as running sums inside `<think>...</think>`; k is mixed over
+[data.sumk_min_digits, data.sumk_max_digits].
+
 math-jsonl reads `{prompt, answer}` rows from JSONL files (`data.train`, `data.valid`; docs/math.md).
 Each prompt is a user message rendered with the model's own chat template, and generation starts
 inside an open thinking block; the reward is `recipe.math.score_math`.
@@ -25,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from recipe import math as math_check
+from recipe import tasks_think
 from recipe.config import ConfigError, DataConfig, NotAvailableError
 
 PAD = "<pad>"
@@ -60,6 +65,12 @@ class Task:
     """Prompts are user messages, rendered with the model's chat template into an open thinking block."""
     batch_reward: Callable[[list[str], list[str]], list[float]] | None = None
     """Scores many (prompt, completion) pairs at once, where that is faster than `reward` one by one."""
+    think_close: str | None = None
+    """The token that ends the thinking phase (generation starts inside it); None: no thinking phase."""
+    interrupt_phrase: str | None = None
+    """What `length.control=interrupt` appends at the thinking budget; it ends with `think_close`."""
+    answer_tokens: int = 1
+    """The fewest new tokens an answer needs after the thinking phase (for the interrupt's room)."""
 
     def score(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]:
         """The reward of each completion of the matching prompt."""
@@ -73,9 +84,7 @@ class Task:
         Prompts of different lengths are padded on the left, so every completion starts at the
         same column; the mask marks the real tokens.
         """
-        if not self.chat:
-            return tokenizer(list(prompts), return_tensors="pt").input_ids, None
-        texts = [render_chat_prompt(tokenizer, p) for p in prompts]
+        texts = [render_chat_prompt(tokenizer, p) for p in prompts] if self.chat else list(prompts)
         if tokenizer.pad_token_id is None:
             # Many chat models ship without one; padding is masked out, so EOS serves (as in TRL).
             tokenizer.pad_token = tokenizer.eos_token
@@ -89,8 +98,33 @@ def load_task(data: DataConfig) -> Task:
     """The task named by `data.task`, with its train and held-out prompt sets."""
     if data.task == "math-jsonl":
         return math_task(data)
+    if data.task == "sumk":
+        return sumk_task(data)
     train, valid = sort6_prompt_sets(data.num_train_prompts, data.num_valid_prompts)
     return Task("sort6", train, valid, reward, SORT6_MAX_NEW_TOKENS)
+
+
+def sumk_task(data: DataConfig) -> Task:
+    """sumk with k uniform on [data.sumk_min_digits, data.sumk_max_digits]; its own cap is the
+    longest worked completion (k + 4 tokens), so a larger `length.max_new_tokens` changes nothing."""
+    train, valid = tasks_think.prompt_sets(
+        data.num_train_prompts, data.num_valid_prompts, data.sumk_min_digits, data.sumk_max_digits
+    )
+    return Task(
+        "sumk",
+        train,
+        valid,
+        tasks_think.reward,
+        sumk_max_new_tokens(data.sumk_max_digits),
+        think_close=tasks_think.THINK_CLOSE,
+        interrupt_phrase=tasks_think.THINK_CLOSE,
+        answer_tokens=tasks_think.ANSWER_TOKENS,
+    )
+
+
+def sumk_max_new_tokens(max_digits: int) -> int:
+    """The worked completion of the longest problem: its scratchpad, `</think>`, answer, EOS."""
+    return tasks_think.thinking_tokens(max_digits) + 1 + tasks_think.ANSWER_TOKENS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,6 +132,10 @@ def load_task(data: DataConfig) -> Task:
 
 MATH_MAX_NEW_TOKENS = 1 << 30
 """math-jsonl has no cap of its own: `length.max_new_tokens` decides."""
+MATH_INTERRUPT_PHRASE = (
+    "Okay, time is up. Let me stop thinking and formulate a final answer now.\n" + math_check.THINK_CLOSE
+)
+"""ScaleRL's end-of-thinking phrase, forced at the thinking budget under `length.control=interrupt`."""
 
 
 def math_task(data: DataConfig) -> Task:
@@ -126,6 +164,8 @@ def math_task(data: DataConfig) -> Task:
         MATH_MAX_NEW_TOKENS,
         chat=True,
         batch_reward=batch,
+        think_close=math_check.THINK_CLOSE,
+        interrupt_phrase=MATH_INTERRUPT_PHRASE,
     )
 
 

@@ -1,21 +1,36 @@
 """sumk: a built-in task family with a thinking phase and a length ceiling (docs/effects.md).
 
-A prompt is k digits; the answer is their sum modulo 10. The worked completion writes the running
-sums as a scratchpad, closes it with `</think>`, then gives the answer and EOS:
+A prompt is k digits in a row of `MAX_DIGITS` places (the empty places hold `_`). The answer is
+a check pair: the sum of all digits but the last and the sum of all digits, both modulo 10. The
+worked completion writes the running sums as a scratchpad, closes it with `</think>`, then gives
+the answer (its last two running sums) and EOS:
 
-    prompt      3 1 4 1 5 = <think>
-    completion  3 4 8 9 4 </think> 4 </s>
+    prompt      3 1 4 1 5 _ _ _ _ _ _ _ = <think>
+    completion  3 4 8 9 4 </think> 9 4 </s>
 
-Solving a k-digit problem step by step needs k + 3 new tokens. Prompts mix k from `MIN_DIGITS` to
-`MAX_DIGITS`, so a generation budget B caps what any policy can reach: problems with k + 3 <= B
-are solvable, the rest only by a guess (1 in 10). That ceiling is the asymptote knob (`ceiling`).
+Two answer digits make a guess succeed 1 time in 100, as on real tasks whose answers come from a
+large space. (Measured with the single digit, sum mod 10: a guess wins 1 in 10, and RL on
+problems too long for the budget learned from lucky guesses, rewarding wrong scratchpads or
+stopping early; pass rates oscillated and collapsed at learning rates that were stable otherwise.)
+
+The fixed row makes each step local for a tiny transformer: the j-th running sum is the token
+before it plus the prompt digit at a fixed distance back, so one attention head at a fixed
+offset and an addition table suffice. (Measured: with prompts of k tokens, `3 1 4 1 5 = <think>`,
+the j-th digit lies k + 2 tokens back, a distance that changes with k, and the built-in tiny
+Llama could not learn to find it: greedy pass rate at chance after 1,500 warm-up steps.)
+
+Solving a k-digit problem step by step needs k + 4 new tokens. Prompts mix k uniformly from
+`data.sumk_min_digits` to `data.sumk_max_digits` (any range within `MIN_DIGITS`..`MAX_DIGITS`), so
+a generation budget B caps what any policy can reach: problems with k + 4 <= B are solvable, the
+rest only by a guess (1 in 100). That ceiling is the asymptote knob (`ceiling`).
 
 `length.control=interrupt` is real here: at a budget drawn from [interrupt_min, interrupt_max],
-a completion still thinking gets `</think>` appended and must answer (`interrupt_at`).
+a completion still thinking gets `</think>` appended and must answer. The rule is `interrupt_at`;
+generation applies it token by token in `recipe.sampler` (`Interrupt`).
 
-Status: prompts, reward, the ceiling and the interrupt rule are done and tested
-(tests/test_tasks_think.py). Not yet wired into `recipe.tasks.load_task`, the built-in warm-up
-model or the training loop's generation; `load_task` does not offer it until then.
+Wired as `data.task: sumk` (`recipe.tasks.load_task`), with its built-in base model
+`builtin:sumk-tiny` (`recipe.builtin`); measured effects of the recipe's knobs on it are in
+docs/effects.md.
 """
 
 from __future__ import annotations
@@ -30,13 +45,19 @@ ANSWER_MARK = "="
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 DIGITS = tuple(str(d) for d in range(10))
-VOCABULARY = (PAD, EOS, *DIGITS, ANSWER_MARK, THINK_OPEN, THINK_CLOSE)
+EMPTY = "_"
+"""An empty place of the prompt's row."""
+VOCABULARY = (PAD, EOS, *DIGITS, ANSWER_MARK, THINK_OPEN, THINK_CLOSE, EMPTY)
 """Every symbol of sumk; the position of a symbol is its token id."""
 
-MIN_DIGITS = 2
+MIN_DIGITS = 1
 MAX_DIGITS = 12
-ANSWER_TOKENS = 2
-"""After `</think>`: the answer digit and EOS."""
+"""The family's limits: every k a sumk config may ask for, and what the built-in base is taught."""
+DEFAULT_MIN_DIGITS = 2
+DEFAULT_MAX_DIGITS = 12
+"""The default difficulty mixture (`data.sumk_min_digits`, `data.sumk_max_digits`)."""
+ANSWER_TOKENS = 3
+"""After `</think>`: the two answer digits and EOS."""
 SPLIT_SEED = 20251203
 """Fixed, so every run of every sweep sees the same train and held-out prompts."""
 
@@ -45,31 +66,46 @@ def make_prompt(digits: Sequence[int]) -> str:
     """The prompt for a list of digits."""
     if not MIN_DIGITS <= len(digits) <= MAX_DIGITS or any(not 0 <= d <= 9 for d in digits):
         raise ValueError(f"sumk takes {MIN_DIGITS}-{MAX_DIGITS} digits 0-9, got {list(digits)}")
-    return " ".join([*(str(d) for d in digits), ANSWER_MARK, THINK_OPEN])
+    row = [*(str(d) for d in digits), *[EMPTY] * (MAX_DIGITS - len(digits))]
+    return " ".join([*row, ANSWER_MARK, THINK_OPEN])
 
 
 def prompt_digits(prompt: str) -> list[int]:
     """The digits of a sumk prompt."""
     symbols = prompt.split()
-    if symbols[-2:] != [ANSWER_MARK, THINK_OPEN] or not all(s in DIGITS for s in symbols[:-2]):
+    row = symbols[:-2]
+    k = sum(s in DIGITS for s in row)
+    if (
+        symbols[-2:] != [ANSWER_MARK, THINK_OPEN]
+        or len(row) != MAX_DIGITS
+        or not MIN_DIGITS <= k
+        or not all(s in DIGITS for s in row[:k])
+        or row[k:] != [EMPTY] * (MAX_DIGITS - k)
+    ):
         raise ValueError(f"not a sumk prompt: {prompt!r}")
-    return [int(s) for s in symbols[:-2]]
+    return [int(s) for s in row[:k]]
 
 
-def answer(prompt: str) -> int:
-    """The sum of the prompt's digits modulo 10."""
-    return sum(prompt_digits(prompt)) % 10
+def answer(prompt: str) -> list[str]:
+    """The check pair: the sums modulo 10 of all digits but the last (0 for one digit) and of all."""
+    digits = prompt_digits(prompt)
+    return [str(sum(digits[:-1]) % 10), str(sum(digits) % 10)]
 
 
 def worked_completion(prompt: str) -> str:
     """The step-by-step completion the warm-up teaches: running sums, `</think>`, answer, EOS."""
     running = np.cumsum(prompt_digits(prompt)) % 10
-    return " ".join([*(str(int(s)) for s in running), THINK_CLOSE, str(answer(prompt)), EOS])
+    return " ".join([*(str(int(s)) for s in running), THINK_CLOSE, *answer(prompt), EOS])
 
 
 def tokens_needed(prompt: str) -> int:
-    """New tokens the worked completion takes: k scratchpad tokens, `</think>`, answer, EOS."""
-    return len(prompt_digits(prompt)) + 1 + ANSWER_TOKENS
+    """New tokens the worked completion takes: k running sums, `</think>`, two answer digits, EOS."""
+    return thinking_tokens(len(prompt_digits(prompt))) + 1 + ANSWER_TOKENS
+
+
+def thinking_tokens(k: int) -> int:
+    """The worked scratchpad of a k-digit problem: one running sum per digit."""
+    return k
 
 
 def reward(prompt: str, completion: str) -> float:
@@ -82,10 +118,10 @@ def reward(prompt: str, completion: str) -> float:
     if symbols.count(THINK_CLOSE) != 1:
         return 0.0
     after = symbols[symbols.index(THINK_CLOSE) + 1 :]
-    return 1.0 if after == [str(answer(prompt)), EOS] else 0.0
+    return 1.0 if after == [*answer(prompt), EOS] else 0.0
 
 
-def ceiling(prompts: Sequence[str], budget: int, *, guess: float = 0.1) -> float:
+def ceiling(prompts: Sequence[str], budget: int, *, guess: float = 0.01) -> float:
     """The highest expected pass rate any policy reaches on `prompts` with `budget` new tokens.
 
     A problem fits when its worked completion does; one that does not can only be guessed (the
@@ -95,28 +131,55 @@ def ceiling(prompts: Sequence[str], budget: int, *, guess: float = 0.1) -> float
     return float(np.mean(fits + (1.0 - fits) * guess)) if budget >= 1 + ANSWER_TOKENS else 0.0
 
 
-def prompt_sets(num_train: int, num_valid: int) -> tuple[list[str], list[str]]:
-    """Disjoint train and held-out prompts, the same on every machine; k uniform on its range.
+def prompt_sets(
+    num_train: int, num_valid: int, min_digits: int = DEFAULT_MIN_DIGITS, max_digits: int = DEFAULT_MAX_DIGITS
+) -> tuple[list[str], list[str]]:
+    """Train and held-out prompts, the same on every machine; k uniform on [min_digits, max_digits].
 
-    The held-out set is drawn first from its own stream, so it does not depend on `num_train`;
-    a train prompt equal to a held-out one is dropped and redrawn.
+    The held-out set is drawn first from its own stream, so it does not depend on `num_train`,
+    and its prompts are distinct. Train prompts avoid the held-out ones. Short problems have few
+    distinct prompts (k = 2: 100), so k is drawn first and only the digits are redrawn: the
+    mixture over k stays uniform in both sets; where a k has no unused prompt left, that draw is
+    a repeat (a train prompt seen before, or for the held-out set a held-out one again).
     """
     if num_train < 1 or num_valid < 1:
         raise ValueError(f"data.num_train_prompts={num_train} and data.num_valid_prompts={num_valid} must be >= 1")
-    valid = _draw(np.random.default_rng([SPLIT_SEED, 0]), num_valid, set())
-    train = _draw(np.random.default_rng([SPLIT_SEED, 1]), num_train, set(valid))
+    check_digit_range(min_digits, max_digits)
+    valid = _draw(np.random.default_rng([SPLIT_SEED, 0]), num_valid, min_digits, max_digits, set(), unique=True)
+    train = _draw(np.random.default_rng([SPLIT_SEED, 1]), num_train, min_digits, max_digits, set(valid))
     return train, valid
 
 
-def _draw(rng: np.random.Generator, count: int, exclude: set[str]) -> list[str]:
+def warmup_prompts(count: int, seed: int) -> list[str]:
+    """The built-in base's supervised warm-up prompts: every k of the family, uniform."""
+    return _draw(np.random.default_rng([SPLIT_SEED, 2, seed]), count, MIN_DIGITS, MAX_DIGITS, set())
+
+
+def check_digit_range(min_digits: int, max_digits: int) -> None:
+    if not MIN_DIGITS <= min_digits <= max_digits <= MAX_DIGITS:
+        raise ValueError(
+            f"sumk digit range [{min_digits}, {max_digits}] must satisfy {MIN_DIGITS} <= min <= max <= {MAX_DIGITS}"
+        )
+
+
+_MAX_REDRAWS = 64
+"""Digit redraws for one k before a repeat is taken (k <= 3 runs out of unused prompts)."""
+
+
+def _draw(
+    rng: np.random.Generator, count: int, lo: int, hi: int, exclude: set[str], *, unique: bool = False
+) -> list[str]:
     out: list[str] = []
     seen = set(exclude)
     while len(out) < count:
-        k = int(rng.integers(MIN_DIGITS, MAX_DIGITS + 1))
-        prompt = make_prompt([int(d) for d in rng.integers(0, 10, size=k)])
-        if prompt not in seen:
+        k = int(rng.integers(lo, hi + 1))
+        for _ in range(_MAX_REDRAWS):
+            prompt = make_prompt([int(d) for d in rng.integers(0, 10, size=k)])
+            if prompt not in seen:
+                break
+        if unique:
             seen.add(prompt)
-            out.append(prompt)
+        out.append(prompt)
     return out
 
 

@@ -362,8 +362,9 @@ def generation_cap(cfg: RecipeConfig, task: Task, log: Callable[[str], None]) ->
     elif task.interrupt_phrase is None:
         raise NotAvailableError(
             f"length.control=interrupt with length.interrupt_min={length.interrupt_min} below the "
-            f"generation cap of {cap} tokens: forced interruption is not available yet for {task.name}, which has "
-            f"no thinking phase to interrupt; raise length.interrupt_min to >= {cap} or use length.control=penalty or none"
+            f"generation cap of {cap} tokens: forced interruption is not available yet for {task.name}, which "
+            f"has no thinking phase to interrupt; raise length.interrupt_min to >= {cap} or use "
+            "length.control=penalty or none"
         )
     elif cfg.engine.generator_ranks:
         raise NotAvailableError(

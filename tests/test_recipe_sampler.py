@@ -5,7 +5,7 @@ import torch
 
 from recipe import tasks
 from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
-from recipe.sampler import decode, sample
+from recipe.sampler import InterruptRule, decode, sample
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -100,3 +100,86 @@ def test_cap_truncates_and_decode_cuts_at_the_length(policy, prompt_ids):
 def test_max_new_tokens_must_be_positive(policy, prompt_ids):
     with pytest.raises(ValueError, match="max_new_tokens"):
         run(policy, prompt_ids, max_new_tokens=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Forced interruption (length.control=interrupt), on the sumk vocabulary
+
+
+@pytest.fixture(scope="module")
+def thinker():
+    """A random tiny Llama on sumk's symbols that never closes its thinking or ends by itself."""
+    from recipe import tasks_think
+
+    tokenizer = build_tokenizer(tasks_think.VOCABULARY, eos=tasks_think.EOS, pad=tasks_think.PAD)
+    model = build_tiny_llama(TinyLlamaShape(), tokenizer, seed=1)
+    close_id = tokenizer.convert_tokens_to_ids(tasks_think.THINK_CLOSE)
+    model.logit_shift = torch.zeros(len(tokenizer))
+    model.logit_shift[[close_id, tokenizer.eos_token_id]] = -30.0
+    model.lm_head.register_forward_hook(lambda module, args, logits: logits + model.logit_shift)
+    prompts = tasks_think.prompt_sets(1, 48)[1]
+    return model, tokenizer, close_id, tokenizer(prompts, return_tensors="pt").input_ids
+
+
+def sample_thinking(thinker, rule, seed=0, max_new_tokens=12):
+    model, tokenizer, _, prompt_ids = thinker
+    generator = torch.Generator().manual_seed(seed)
+    interrupt = rule.draw(prompt_ids.shape[0], generator)
+    out = sample(
+        model, prompt_ids, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id, generator=generator, interrupt=interrupt,
+    )  # fmt: skip
+    return interrupt.budget_B, out
+
+
+def test_interrupt_fires_exactly_at_each_rows_drawn_budget(thinker):
+    model, _, close_id, prompt_ids = thinker
+    budgets, out = sample_thinking(thinker, InterruptRule(close_id, (close_id,), low=2, high=7))
+    assert set(budgets.tolist()) == set(range(2, 8))  # drawn per row over the whole range
+    assert out.interrupted_B.all()
+    for row, budget in enumerate(budgets.tolist()):
+        forced = out.forced_BT[row].nonzero().flatten().tolist()
+        assert forced == [budget]  # one forced token, right after `budget` thinking tokens
+        assert out.tokens_BT[row, budget] == close_id
+        assert not (out.tokens_BT[row, :budget] == close_id).any()
+    # The forced token is context: the policy's own log-prob is recorded there, as for the rest.
+    with torch.no_grad():
+        trainer_logp = completion_logprobs(model, prompt_ids, out.tokens_BT)
+    torch.testing.assert_close(trainer_logp[out.mask_BT], out.logp_BT[out.mask_BT], atol=1e-5, rtol=0)
+
+
+def test_same_seed_same_budgets_and_a_multi_token_phrase_is_forced_whole(thinker):
+    _, _, close_id, _ = thinker
+    rule = InterruptRule(close_id, (5, 6, close_id), low=3, high=3)
+    budgets, out = sample_thinking(thinker, rule)
+    again, _ = sample_thinking(thinker, rule)
+    assert torch.equal(budgets, again)
+    assert (out.forced_BT.nonzero()[:, 1].view(-1, 3) == torch.tensor([3, 4, 5])).all()
+    assert (out.tokens_BT[:, 3:6] == torch.tensor([5, 6, close_id])).all()
+
+
+def test_no_interrupt_for_rows_that_close_or_end_in_time(thinker):
+    model, tokenizer, close_id, prompt_ids = thinker
+    model.logit_shift[[close_id, tokenizer.eos_token_id]] = torch.tensor([1.8, 0.5])  # now it closes or ends early
+    try:
+        budgets, out = sample_thinking(thinker, InterruptRule(close_id, (close_id,), 4, 4))
+    finally:
+        model.logit_shift[[close_id, tokenizer.eos_token_id]] = -30.0
+    first_four = out.tokens_BT[:, :4]
+    closed_B = (first_four == close_id).any(dim=1) | (first_four == tokenizer.eos_token_id).any(dim=1)
+    assert closed_B.float().mean() > 0.5
+    assert torch.equal(out.interrupted_B, ~closed_B)
+    assert not out.forced_BT[closed_B].any()
+
+
+def test_interrupt_budgets_and_phrase_are_checked(thinker):
+    _, _, close_id, prompt_ids = thinker
+    with pytest.raises(ValueError, match="must end with the close token"):
+        InterruptRule(close_id, (5,), 1, 2).draw(2, None)
+    with pytest.raises(ValueError, match="low <= high"):
+        InterruptRule(close_id, (close_id,), 3, 2)
+    with pytest.raises(ValueError, match="3 interrupt budgets for 48 rows"):
+        sample(
+            thinker[0], prompt_ids, max_new_tokens=4, eos_id=0, pad_id=0,
+            interrupt=InterruptRule(close_id, (close_id,), 1, 2).draw(3, None),
+        )  # fmt: skip

@@ -72,3 +72,81 @@ def test_load_task_builds_sort6_and_names_a_missing_math_jsonl_file():
     # math-jsonl itself is tested in tests/test_math_task.py.
     with pytest.raises(ConfigError, match="b.jsonl: no such file"):
         tasks.load_task(DataConfig(task="math-jsonl", train="a.jsonl", valid="b.jsonl"))
+
+
+# ---------------------------------------------------------------------------------------------
+# sumk (its rules: tests/test_tasks_think.py)
+
+
+def test_load_task_builds_sumk_with_its_difficulty_mixture_and_cap():
+    from recipe import tasks_think
+
+    task = tasks.load_task(
+        DataConfig(task="sumk", num_train_prompts=300, num_valid_prompts=50, sumk_min_digits=3, sumk_max_digits=5)
+    )
+    assert (task.name, len(task.train_prompts), len(task.valid_prompts)) == ("sumk", 300, 50)
+    assert {len(tasks_think.prompt_digits(p)) for p in task.valid_prompts} == {3, 4, 5}
+    assert task.max_new_tokens == 5 + 4  # the longest worked completion
+    assert (task.think_close, task.interrupt_phrase, task.answer_tokens) == ("</think>", "</think>", 3)
+    prompt = task.valid_prompts[0]
+    assert task.score([prompt], [tasks_think.worked_completion(prompt)]) == [1.0]
+
+
+def test_sumk_limits_in_the_torch_free_config_match_the_task():
+    from recipe import config, tasks_think
+
+    assert config.SUMK_DIGITS == (tasks_think.MIN_DIGITS, tasks_think.MAX_DIGITS)
+    assert config.SUMK_ANSWER_TOKENS == 1 + tasks_think.ANSWER_TOKENS
+    assert DataConfig().sumk_min_digits == tasks_think.DEFAULT_MIN_DIGITS
+    assert DataConfig().sumk_max_digits == tasks_think.DEFAULT_MAX_DIGITS
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "match"),
+    [
+        (
+            {"data.task": "sumk"},
+            "model.path",
+            "'builtin:sort6-tiny' is the sort6 base model; data.task='sumk' needs builtin:sumk-tiny",
+        ),
+        (
+            {"model.path": "builtin:sumk-tiny"},
+            "model.path",
+            "is the sumk base model; data.task='sort6' needs builtin:sort6-tiny",
+        ),
+        ({"data.sumk_max_digits": 5}, "data.sumk_max_digits", "applies to data.task=sumk only, not 'sort6'"),
+        (
+            {"data.task": "sumk", "model.path": "builtin:sumk-tiny", "data.sumk_min_digits": 6,
+             "data.sumk_max_digits": 5},
+            "data.sumk_max_digits",
+            "5 is below data.sumk_min_digits=6",
+        ),
+        ({"data.task": "sumk", "data.sumk_max_digits": 13}, "data.sumk_max_digits", "invalid value 13; must be <= 12"),
+        (
+            {
+                "data.task": "sumk", "model.path": "builtin:sumk-tiny", "length.max_new_tokens": 10,
+                "length.interrupt_min": 4, "length.interrupt_max": 7,
+            },
+            "length.interrupt_max",
+            "7: an interrupt at that thinking budget leaves no room for the answer under the generation cap of 10 "
+            r"tokens .*lower it to <= 6",
+        ),
+    ],
+)  # fmt: skip
+def test_sumk_settings_are_checked_with_one_line_errors(overrides, key, match):
+    from recipe.config import resolve
+
+    with pytest.raises(ConfigError, match=match) as error:
+        resolve(overrides)
+    assert error.value.key == key and "\n" not in str(error.value)
+
+
+def test_a_sumk_interrupt_with_room_for_the_answer_is_accepted():
+    from recipe.config import resolve
+
+    cfg = resolve(
+        {"data.task": "sumk", "model.path": "builtin:sumk-tiny", "length.max_new_tokens": 10,
+         "length.interrupt_min": 4, "length.interrupt_max": 6}
+    )  # fmt: skip
+    assert cfg.length.interrupt_max == 6
+    resolve({"data.task": "sumk", "model.path": "builtin:sumk-tiny"})  # the default budgets lie beyond the cap
