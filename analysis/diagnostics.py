@@ -57,3 +57,44 @@ def is_collapsing(pass_rate: ArrayLike, *, tail_frac: float = 0.2, k: float = 3.
     if y.size < 5:
         return False
     return collapse_drop(y, tail_frac=tail_frac) > max(k * noise_sd(y), min_drop)
+
+
+def max_drawdown(pass_rate: ArrayLike) -> float:
+    """The largest fall of a series ordered by compute below its running maximum (0 for a rising one)."""
+    y = np.asarray(pass_rate, dtype=float)
+    if y.size < 2:
+        return 0.0
+    return float((np.maximum.accumulate(y) - y).max())
+
+
+def unstable_drop(pass_rate: ArrayLike, *, k: float = 3.0, min_drop: float = 0.02) -> float | None:
+    """How far an unstable series falls below its best, or None for a stable one.
+
+    The series is smoothed by a moving average over 2 points (a single noisy eval moves it half
+    as much); it is unstable when the smoothed series falls below its running maximum by more
+    than max(k * curvature_noise_sd, min_drop) anywhere, not only at its end: a dip and a recovery count,
+    since the sigmoid assumes a monotone rise and neither a fit nor its extrapolation holds
+    across a dip. `min_drop` (0.02, the paper's noise margin on A) keeps near-noiseless series
+    from flagging wiggles; k * curvature_noise_sd scales the rule to noisy evals. Series of fewer than 4
+    points are never called unstable.
+    """
+    y = np.asarray(pass_rate, dtype=float)
+    if y.size < 4:
+        return None
+    drop = max_drawdown(np.convolve(y, np.full(2, 0.5), mode="valid"))
+    return drop if drop > max(k * curvature_noise_sd(y), min_drop) else None
+
+
+def curvature_noise_sd(pass_rate: ArrayLike) -> float:
+    """Robust sd of the measurement noise from second differences (0.0 for fewer than 4 points).
+
+    Like `noise_sd`, but y[i+1] - 2 y[i] + y[i-1] also cancels a steady rise (white noise of sd s
+    gives second differences of sd s * sqrt(6)), so the fast early rise of a run, where first
+    differences are all large, does not pass for noise.
+    """
+    y = np.asarray(pass_rate, dtype=float)
+    if y.size < 4:
+        return 0.0
+    d2 = np.diff(y, n=2)
+    mad = float(np.median(np.abs(d2 - np.median(d2))))
+    return _MAD_TO_SD * mad / math.sqrt(6.0)

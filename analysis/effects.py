@@ -8,13 +8,20 @@ Input: {axis value: fits}, where fits is one FitResult/BootstrapResult or a list
 that value, each fitted separately). For efficiency verdicts in the paper's sense, pass fits made
 with a shared A (compare.compare does that for two configurations): with free A, B and Cmid trade
 off against A and differences in them partly mirror differences in A.
+
+In a grid of several axes, `matched_axis_effect` judges an axis the way the paper does, holding
+the other axes fixed: configurations that differ in this axis only are compared with each other
+(one `axis_effect` per setting of the other axes), never pooled across another axis that moves A
+itself. Pooling would mix the other axis's effect into each value's spread: in a 2 x 2 grid of
+generation budget x learning rate, the learning-rate groups each hold one short-budget and one
+long-budget run, their A intervals span both ceilings, and no axis could ever separate.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -116,6 +123,63 @@ def axis_effect(
         max_B_ratio=max((max(g.B / h.B, h.B / g.B) for g, h in pairs), default=math.nan),
         max_Cmid_ratio=max((max(g.Cmid / h.Cmid, h.Cmid / g.Cmid) for g, h in pairs), default=math.nan),
     )
+
+
+def matched_axis_effect(
+    contexts: Sequence[Mapping[str, FitLike | Sequence[FitLike]]],
+    *,
+    axis: str = "",
+    reference: str | None = None,
+    margin: float = PAPER_MARGIN,
+    b_tol: float = 0.05,
+    cmid_tol: float = 0.25,
+    level: float = 0.95,
+) -> AxisEffect:
+    """An axis's effect with the other axes held fixed.
+
+    `contexts`: one {axis value: fits} per setting of the other axes, each with at least two
+    values. Each context is judged by `axis_effect`; the axis moves A (or only the efficiency)
+    when it does so in some context, and the maxima are taken over contexts. `groups` summarise
+    each value over all contexts together (for display: with other axes that move A, their A
+    spread is wide); `reference` defaults to the first value of the first context.
+    """
+    usable = [c for c in contexts if len(c) >= 2]
+    if not usable:
+        raise ValueError("contexts must hold at least one context with two or more axis values")
+    ref = str(next(iter(usable[0]))) if reference is None else str(reference)
+    pooled: dict[str, list[FitLike]] = {}
+    for context in usable:
+        for value, fits in context.items():
+            pooled.setdefault(str(value), []).extend(_as_list(fits))
+    if ref not in pooled:
+        raise ValueError(f"reference must be one of {list(pooled)!r}, got {reference!r}")
+    effects = [
+        axis_effect(
+            c, axis=axis, reference=ref if ref in map(str, c) else None,
+            margin=margin, b_tol=b_tol, cmid_tol=cmid_tol, level=level,
+        )  # fmt: skip
+        for c in usable
+    ]
+    overall = axis_effect(pooled, axis=axis, reference=ref, margin=margin, b_tol=b_tol, cmid_tol=cmid_tol, level=level)
+    moves_a = any(e.moves_asymptote for e in effects)
+    moves_eff = any(e.moves_efficiency for e in effects)
+    verdict: Verdict = "asymptote" if moves_a else "efficiency" if moves_eff else "neither"
+    return AxisEffect(
+        axis=axis,
+        reference=ref,
+        groups=overall.groups,
+        verdict=verdict,
+        moves_asymptote=moves_a,
+        moves_efficiency=moves_eff,
+        max_delta_A=_nanmax(e.max_delta_A for e in effects),
+        max_B_ratio=_nanmax(e.max_B_ratio for e in effects),
+        max_Cmid_ratio=_nanmax(e.max_Cmid_ratio for e in effects),
+    )
+
+
+def _nanmax(values: Iterable[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return max(finite) if finite else math.nan
 
 
 def _as_list(value: FitLike | Sequence[FitLike]) -> list[FitLike]:

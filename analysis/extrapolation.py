@@ -2,6 +2,11 @@
 
 The paper's use of the curve: fit to half the budget (8k of 16k GPU-hours; 50k of 100k) and
 extend. Once the run reaches C2 the prediction is checked against what was measured there.
+
+The paper claims such predictions for stable recipes only. A configuration whose fitted window
+is unstable (some seed falls below its running maximum by more than the noise allows,
+`analysis.diagnostics.unstable_drop`) or whose window cannot be fitted gets no prediction: the
+Extrapolation says why (`withheld`) and its predicted value is NaN.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import numpy as np
 
 from analysis.curve import FitResult
 from analysis.data import CurveLike, as_curves
+from analysis.diagnostics import unstable_drop
 from analysis.intervals import BootstrapResult, Interval, Scheme, bootstrap_problem
 from analysis.options import DEFAULT_OPTIONS, FitOptions
 from analysis.problem import make_problem
@@ -28,6 +34,8 @@ class Extrapolation:
     points within `window` relative compute of it, else linear interpolation between its
     neighbours), else None; n_observed: how many points that mean used (0 when interpolated).
     error = predicted - observed. within_band: whether observed lies in the band.
+    withheld: why no prediction is made (an unstable window or a failed fit), else None; then
+    predicted is NaN, the band unknown, error and within_band None (observed is still given).
     """
 
     fit_until: float
@@ -41,6 +49,11 @@ class Extrapolation:
     within_band: bool | None
     fit: FitResult
     bootstrap: BootstrapResult = field(repr=False, compare=False)
+    withheld: str | None = None
+
+    @property
+    def predicts(self) -> bool:
+        return self.withheld is None and math.isfinite(self.predicted)
 
 
 def extrapolate(
@@ -70,15 +83,20 @@ def extrapolate(
         raise ValueError(f"predict_at must be a finite number > 0, got {predict_at!r}")
     if not 0 <= window < 1:
         raise ValueError(f"window must lie in [0, 1), got {window!r}")
-    problem = make_problem([(c[c <= fit_until], r[c <= fit_until]) for c, r in seeds], options)
+    windows = [(c[c <= fit_until], r[c <= fit_until]) for c, r in seeds]
+    problem = make_problem(windows, options)
     boot = bootstrap_problem(problem, options, n_boot=n_boot, seed=seed, level=level, scheme=scheme)
-    predicted = float(boot.fit.predict(predict_at))
-    lo, hi = boot.band(predict_at)
-    band = Interval(float(lo), float(hi))
+    withheld = withheld_reason(windows, boot.fit)
     order = np.argsort(np.concatenate([c for c, _ in seeds]), kind="stable")
     c_all = np.concatenate([c for c, _ in seeds])[order]
     r_all = np.concatenate([r for _, r in seeds])[order]
     observed, n_obs = observed_at(c_all, r_all, predict_at, window=window)
+    if withheld is None:
+        predicted = float(boot.fit.predict(predict_at))
+        lo, hi = boot.band(predict_at)
+        band = Interval(float(lo), float(hi))
+    else:
+        predicted, band = math.nan, Interval(math.nan, math.nan)
     error = None if observed is None or math.isnan(predicted) else predicted - observed
     within = None if observed is None or not band.known else band.contains(observed)
     return Extrapolation(
@@ -93,7 +111,19 @@ def extrapolate(
         within_band=within,
         fit=boot.fit,
         bootstrap=boot,
+        withheld=withheld,
     )
+
+
+def withheld_reason(windows: Sequence[tuple[np.ndarray, np.ndarray]], fit: FitResult) -> str | None:
+    """Why the fitted window supports no prediction, or None: a failed fit, or an unstable seed."""
+    if not fit.ok:
+        return "fit failed: " + ", ".join(fit.flags)
+    for c, r in windows:
+        drop = unstable_drop(r[np.argsort(c, kind="stable")])
+        if drop is not None:
+            return f"unstable: falls {drop:.3f} below its best before C1"
+    return None
 
 
 def observed_at(

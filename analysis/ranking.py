@@ -18,7 +18,7 @@ import numpy as np
 
 from analysis.comparison import Comparison, compare
 from analysis.curve import FitResult
-from analysis.effects import AxisEffect, axis_effect
+from analysis.effects import AxisEffect, axis_effect, matched_axis_effect
 from analysis.extrapolation import Extrapolation
 from analysis.intervals import BootstrapResult
 from analysis.options import FitOptions
@@ -123,7 +123,11 @@ def comparisons(
 
 
 def effects(configs: Sequence[ConfigResult], *, margin: float, level: float) -> list[AxisEffect]:
-    """For each axis: does it move the asymptote or only the efficiency?"""
+    """For each axis: does it move the asymptote or only the efficiency?
+
+    An axis is judged on configurations that differ in it alone (the other axes held fixed,
+    `matched_axis_effect`); where no two configurations do, on all of them pooled by its value.
+    """
     usable = [c for c in configs if c.fit.ok]
     keys: list[str] = []
     for c in usable:
@@ -131,12 +135,21 @@ def effects(configs: Sequence[ConfigResult], *, margin: float, level: float) -> 
     effects = []
     for key in keys:
         groups: dict[str, list[Any]] = {}
+        contexts: dict[tuple[str, ...], dict[str, list[Any]]] = {}
         for c in usable:
-            groups.setdefault(fmt_axis_value(c.axes.get(key)), []).append(c.boot or c.fit)
+            value = fmt_axis_value(c.axes.get(key))
+            groups.setdefault(value, []).append(c.boot or c.fit)
+            others = tuple(fmt_axis_value(c.axes.get(k)) for k in keys if k != key)
+            contexts.setdefault(others, {}).setdefault(value, []).append(c.boot or c.fit)
         if len(groups) < 2:
             continue
         reference = "base" if key == "ablate" and "base" in groups else None
-        effects.append(axis_effect(groups, axis=key, reference=reference, margin=margin, level=level))
+        matched = [c for c in contexts.values() if len(c) >= 2]
+        if matched:
+            effect = matched_axis_effect(matched, axis=key, reference=reference, margin=margin, level=level)
+        else:
+            effect = axis_effect(groups, axis=key, reference=reference, margin=margin, level=level)
+        effects.append(effect)
     return effects
 
 

@@ -84,7 +84,11 @@ def test_predict_ranks_at_c_with_the_odds_of_the_winner(paper_store):
     """`--predict C` alone fits all data; each configuration gets its rank at C and p_best. At
     C = 100k GPU-hours Table 1's scout (A = 0.71) is far ahead of scalerl (0.61) and bs2048 (0.645)."""
     report = _report(paper_store, "--bootstrap", "60", "--predict", "100000")
-    predictions = {r["axes"]["variant"]: r["extrapolation"] for r in report["runs"]}
+    every = {r["axes"]["variant"]: r["extrapolation"] for r in report["runs"]}
+    # The collapsing run is unstable: it gets no prediction, and no rank or odds at C.
+    assert every["collapse"]["withheld"].startswith("unstable") and every["collapse"]["predicted"] is None
+    assert every["collapse"]["rank_at_predict"] is None and every["collapse"]["p_best"] is None
+    predictions = {v: e for v, e in every.items() if v != "collapse"}
     ranked = sorted(predictions, key=lambda v: predictions[v]["rank_at_predict"])
     assert [predictions[v]["rank_at_predict"] for v in ranked] == list(range(1, len(ranked) + 1))
     assert all(

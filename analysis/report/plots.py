@@ -155,8 +155,9 @@ def _draw_seeds(ax: Axes, config: ConfigResult, x_floor: float) -> bool:
 def _draw_extrapolation(ax: Axes, config: ConfigResult, x_floor: float, x_max: float) -> None:
     e = config.extrapolation
     assert e is not None  # the caller checked
-    if not e.fit.ok:
-        ax.axvline(e.fit_until, color=EXTRAPOLATION_COLOR, ls=":", lw=1, label="extrapolation: fit failed")
+    if not e.fit.ok or e.withheld is not None:
+        label = "extrapolation: fit failed" if not e.fit.ok else f"extrapolation withheld: {e.withheld}"
+        ax.axvline(e.fit_until, color=EXTRAPOLATION_COLOR, ls=":", lw=1, label=label)
         return
     inside = np.geomspace(x_floor, e.fit_until, CURVE_POINTS // 2)
     beyond = np.geomspace(e.fit_until, x_max, CURVE_POINTS // 2)

@@ -87,6 +87,7 @@ def _extrapolation_json(c: ConfigResult) -> dict[str, Any]:
         "observed": _num(e.observed),
         "error": _num(e.error),
         "within_band": e.within_band,
+        "withheld": e.withheld,
     }
 
 
@@ -141,6 +142,9 @@ def _interval(interval: Interval) -> list[float | None] | None:
 
 def render_table(report: Report, console: Console) -> None:
     console.print(fit_table(report))
+    summary = prediction_summary(report)
+    if summary:
+        console.print(summary, soft_wrap=True)
     if report.comparisons:
         console.print(
             "[bold]Comparisons[/] (paper's rule: A's within the margin are refitted with a shared A and compared on B)"
@@ -208,6 +212,33 @@ def fit_grid(report: Report) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def prediction_summary(report: Report) -> str | None:
+    """How the predictions fared where the runs reached --predict: the paper's check of the fits
+    (within its noise margin on A), and how many configurations got no prediction and why."""
+    made = [c.extrapolation for c in report.configs if c.extrapolation is not None]
+    if not made:
+        return None
+    opts = report.options
+
+    def at(value: float) -> str:
+        return f"{value:.0%} of each configuration's compute" if opts.relative else f"{report.compute} {value:g}"
+
+    where = f"fit up to {at(opts.fit_until)}, " if opts.fit_until is not None else ""
+    assert opts.predict_at is not None  # extrapolations exist only with --predict
+    checked = [e for e in made if e.error is not None]
+    close = sum(abs(e.error) <= opts.margin for e in checked if e.error is not None)
+    target = f"{opts.predict_at:.0%}" if opts.relative and opts.fit_until is not None else at(opts.predict_at)
+    text = f"Predictions ({where}predicted at {target}): "
+    if checked:
+        text += f"within {opts.margin:g} of the observed pass rate for {close} of {len(checked)} configurations"
+    else:
+        text += "no configuration has reached it yet"
+    withheld = [e for e in made if e.withheld is not None]
+    if withheld:
+        text += f"; {len(withheld)} withheld (unstable or unfitted before C1)"
+    return text + "."
+
+
 def comparison_grid(report: Report) -> tuple[list[str], list[list[str]]]:
     header = ["a", "b", "rule", "winner", "beyond noise", "reason"]
     rows = [
@@ -252,6 +283,8 @@ def effects_table(report: Report) -> Table:
 def _extrapolation_cell(e: Extrapolation | None) -> str:
     if e is None:
         return "-"
+    if e.withheld is not None:
+        return f"withheld ({e.withheld})"
     text = f"{_fmt(e.predicted, '.3f')} ({_fmt(e.band.lo, '.3f')}-{_fmt(e.band.hi, '.3f')})"
     if e.observed is not None:
         text += f" (observed {e.observed:.3f}, error {e.error:+.3f})"
@@ -281,6 +314,8 @@ def _fmt(value: float | None, spec: str) -> str:
 def render_markdown(report: Report) -> str:
     """GitHub-flavoured Markdown: the fit table, the comparisons and the effects."""
     parts = [f"# sweep {report.sweep}", "", _summary(report), "", "## Fits", "", _md_table(*fit_grid(report))]
+    if (predictions := prediction_summary(report)) is not None:
+        parts += ["", predictions]
     if report.comparisons:
         parts += ["", "## Comparisons", "", COMPARISON_NOTE, "", _md_table(*comparison_grid(report))]
     if report.effects:

@@ -1,0 +1,149 @@
+"""Judging an axis with the other axes held fixed, and withholding predictions of unstable runs
+(analysis.effects.matched_axis_effect, analysis.diagnostics.unstable_drop, the report's check of
+its predictions)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import add_curve_run
+
+from analysis import FitOptions, axis_effect, bootstrap, extrapolate, matched_axis_effect
+from analysis.diagnostics import max_drawdown, unstable_drop
+from analysis.synthetic import noisy_curve
+from launcher.cli import cli
+from store import Store
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "analysis" / "report" / "report.schema.json").read_text())
+COMPUTE = np.linspace(0, 16000, 41)
+OPTIONS = FitOptions(cutoff=0.0)
+
+
+def curve(A, Cmid, seed, *, B=1.8, R0=0.1):
+    return noisy_curve(COMPUTE, A, B, Cmid, R0, rng=np.random.default_rng(seed), num_prompts=1000, num_samples=8)
+
+
+def dipping(seed):
+    """A run that rises, falls by 0.08 at a third of its compute, and recovers."""
+    rate = curve(0.7, 3000.0, seed)
+    rate[13:17] -= np.array([0.04, 0.08, 0.08, 0.04])
+    return rate
+
+
+# ---------------------------------------------------------------------------------------------
+# The instability rule
+
+
+def test_a_noisy_rise_is_stable_and_a_dip_is_not():
+    for seed in range(5):
+        assert unstable_drop(curve(0.7, 3000.0, seed)) is None
+    drop = unstable_drop(dipping(0))
+    assert drop is not None and 0.025 < drop < max_drawdown(dipping(0)) < 0.12
+    assert max_drawdown([0.1, 0.2, 0.3]) == 0.0 and max_drawdown([0.1, 0.3, 0.2, 0.4]) == pytest.approx(0.1)
+    assert unstable_drop([0.5, 0.1, 0.5]) is None  # too short to judge
+    assert unstable_drop([0.1, 0.2, 0.3, 0.4, 0.34, 0.5, 0.6]) is None  # one low point: half of it smoothed
+
+
+def test_the_threshold_scales_with_the_noise():
+    rng = np.random.default_rng(3)
+    rise = np.linspace(0.1, 0.6, 40)
+    assert unstable_drop(rise + rng.normal(0, 0.002, 40)) is None
+    wild = rise + rng.normal(0, 0.03, 40)  # 256 prompts x 1 sample: drawdowns of ~0.05 are noise
+    assert max_drawdown(wild) > 0.02 and unstable_drop(wild) is None
+    step = np.r_[rise[:20], rise[20:] - 0.05]  # a lasting fall of 0.05 against a rise of 0.013 per eval
+    assert unstable_drop(step) == pytest.approx(0.05 - 2 * (rise[1] - rise[0]))  # smoothed: the rise goes on
+
+
+def test_an_unstable_window_withholds_the_prediction():
+    fit_until = COMPUTE[-1] / 2
+    at = {"fit_until": fit_until, "predict_at": COMPUTE[-1], "n_boot": 30}
+    stable = extrapolate([(COMPUTE, curve(0.7, 3000.0, 1))], OPTIONS, **at)
+    assert stable.withheld is None and stable.predicts and abs(stable.error) < 0.02
+    bad = extrapolate([(COMPUTE, dipping(1))], OPTIONS, **at)
+    assert bad.withheld is not None and bad.withheld.startswith("unstable: falls 0.0")
+    assert bad.withheld.endswith("below its best before C1")
+    assert not bad.predicts and math.isnan(bad.predicted) and not bad.band.known
+    assert bad.error is None and bad.within_band is None and bad.observed is not None
+    # A dip after C1 is not seen by the rule: the prediction is made (and may miss).
+    late = curve(0.7, 3000.0, 2)
+    late[30:34] -= 0.08
+    assert extrapolate([(COMPUTE, late)], OPTIONS, **at).predicts
+
+
+# ---------------------------------------------------------------------------------------------
+# Effects with the other axes held fixed
+
+
+def grid_fits():
+    """A 2 x 2 grid: budget moves A (0.35 vs 0.75), lr moves Cmid only (2x). A step of the long
+    budget costs more compute, so its Cmid is larger too (as in flops)."""
+    fits = {}
+    for i, (budget, A, scale) in enumerate((("8", 0.35, 1.0), ("12", 0.75, 2.0))):
+        for j, (lr, Cmid) in enumerate((("low", 2500.0), ("high", 1250.0))):
+            fits[budget, lr] = bootstrap([(COMPUTE, curve(A, Cmid * scale, 10 * i + j))], OPTIONS, n_boot=60)
+    return fits
+
+
+def test_matched_contexts_separate_what_pooling_cannot():
+    fits = grid_fits()
+    lr_contexts = [{lr: fits[b, lr] for lr in ("low", "high")} for b in ("8", "12")]
+    budget_contexts = [{b: fits[b, lr] for b in ("8", "12")} for lr in ("low", "high")]
+    lr = matched_axis_effect(lr_contexts, axis="optim.lr")
+    budget = matched_axis_effect(budget_contexts, axis="length.max_new_tokens")
+    assert (budget.verdict, lr.verdict) == ("asymptote", "efficiency")
+    assert budget.max_delta_A == pytest.approx(0.4, abs=0.03) and lr.max_delta_A < 0.02
+    assert lr.max_Cmid_ratio == pytest.approx(2.0, rel=0.2)
+    assert lr.group("high").n_fits == 2 and lr.reference == "low"
+    # Pooled over the budget, each lr value holds both ceilings: its A and Cmid spread hides everything.
+    pooled = axis_effect({v: [fits["8", v], fits["12", v]] for v in ("low", "high")})
+    assert pooled.verdict == "neither"
+
+
+def test_matched_effect_input_is_checked():
+    fits = grid_fits()
+    with pytest.raises(ValueError, match="at least one context"):
+        matched_axis_effect([{"low": fits["8", "low"]}])
+    with pytest.raises(ValueError, match="reference"):
+        matched_axis_effect([{"low": fits["8", "low"], "high": fits["8", "high"]}], reference="mid")
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the report
+
+
+@pytest.fixture
+def grid_store(sqlite_url) -> str:
+    store = Store(sqlite_url)
+    store.upsert_sweep("grid", {}, "/nowhere", "local")
+    for i, (budget, A, scale) in enumerate(((8, 0.35, 1.0), (12, 0.75, 2.0))):
+        for j, (lr, Cmid) in enumerate(((1e-4, 2500.0), (2e-4, 1250.0))):
+            rate = curve(A, Cmid * scale, 100 + 10 * i + j)
+            axes = {"budget": budget, "lr": lr, "seed": 0}
+            add_curve_run(store, "grid", f"r{i}{j}", axes, COMPUTE, rate, num_samples=8)
+    rate = dipping(7)
+    add_curve_run(store, "grid", "r-dip", {"budget": 16, "lr": 1e-4, "seed": 0}, COMPUTE, rate, num_samples=8)
+    return sqlite_url
+
+
+def test_report_judges_each_axis_within_matched_runs_and_checks_its_predictions(grid_store):
+    runner = CliRunner()
+    args = ["--db", grid_store, "report", "grid", "--bootstrap", "60", "--fit-until", "50%", "--predict", "100%"]
+    result = runner.invoke(cli, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    jsonschema.validate(report, SCHEMA)
+    verdicts = {e["axis"]: e["verdict"] for e in report["effects"]}
+    assert verdicts == {"budget": "asymptote", "lr": "efficiency"}
+    by_run = {r["run_ids"][0]: r["extrapolation"] for r in report["runs"]}
+    assert by_run["r-dip"]["withheld"].startswith("unstable") and by_run["r-dip"]["predicted"] is None
+    assert all(e["withheld"] is None and abs(e["error"]) < 0.02 for run, e in by_run.items() if run != "r-dip")
+    table = runner.invoke(cli, args, terminal_width=250)
+    assert table.exit_code == 0, table.output
+    assert "withheld (unstable" in table.output
+    assert "within 0.02 of the observed pass rate for 4 of 4 configurations; 1 withheld" in table.output
