@@ -28,6 +28,7 @@ STATE_STYLE = {
     RunState.PENDING: "blue",
     RunState.SUBMITTING: "blue",
     RunState.REGISTERED: "dim",
+    RunState.PRUNED: "dark_orange",
 }
 
 
@@ -99,7 +100,7 @@ def status_table(sweep: str, rows: Sequence[StatusRow], *, compute: str) -> Tabl
         table.add_row(
             escape(row.run.id),
             *(fmt_value(row.run.axes.get(k)) for k in axis_keys),
-            f"[{STATE_STYLE.get(state, '')}]{state}[/]",
+            f"[{STATE_STYLE[state]}]{state}[/]" if state in STATE_STYLE else str(state),
             str(row.num_attempts),
             step,
             f"{last.pass_rate:.3f}" if last else "-",

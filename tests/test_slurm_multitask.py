@@ -39,7 +39,7 @@ def num_tasks(job_id: str) -> int:
 
 # Steps are cheap here (a tiny model; ~25 steps/s on the torch engine): enough of them that the run
 # is still training when the test requeues it.
-@pytest.mark.parametrize(("generator", "steps"), [("torch", 1500), pytest.param("vllm", 600, marks=VLLM)])
+@pytest.mark.parametrize(("generator", "steps"), [("torch", 1500), pytest.param("vllm", 300, marks=VLLM)])
 def test_a_three_task_pipeline_run_completes_with_bounded_lag_and_survives_requeue(
     slurm_cluster, sweep_file, sqlite_url, generator, steps
 ):
