@@ -16,6 +16,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
+from recipe.precision import upcast_lm_head
+
 # Job logs are files; a model of a few shards only adds progress-bar noise to them.
 hf_logging.disable_progress_bar()
 
@@ -65,25 +67,13 @@ def resolve_dtype(dtype: str) -> torch.dtype:
 
 
 def load_policy(directory: Path, *, dtype: str, lm_head_fp32: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """Model and tokenizer from a Hugging Face directory, in `model.dtype`, with the fp32 head if asked."""
+    """Model and tokenizer from a Hugging Face directory, in `model.dtype`, with the fp32 head if
+    asked (`recipe.precision.upcast_lm_head`)."""
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=resolve_dtype(dtype))
     tokenizer = PreTrainedTokenizerFast.from_pretrained(directory)
     if lm_head_fp32:
-        keep_lm_head_fp32(model)
+        upcast_lm_head(model)  # the weight stays in the body's dtype, as vLLM's head_dtype keeps it
     return model, tokenizer
-
-
-def keep_lm_head_fp32(model: PreTrainedModel) -> None:
-    """LM head weight and logits in fp32 whatever the model's dtype (ScaleRL's FP32 head).
-
-    The head gets an fp32 copy of its weight (a head tied to the input embedding is thereby
-    untied) and its input hidden states are cast to fp32, so the logits are computed in fp32.
-    For an fp32 model this changes nothing.
-    """
-    head = model.get_output_embeddings()
-    if head.weight.dtype != torch.float32:
-        head.weight = torch.nn.Parameter(head.weight.detach().to(torch.float32))
-    head.register_forward_pre_hook(lambda module, args: (args[0].to(torch.float32), *args[1:]))
 
 
 def matmul_param_count(model: PreTrainedModel) -> int:

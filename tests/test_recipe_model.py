@@ -12,10 +12,10 @@ from recipe.model import (
     TinyLlamaShape,
     build_tiny_llama,
     build_tokenizer,
-    keep_lm_head_fp32,
     load_policy,
     matmul_param_count,
 )
+from recipe.precision import upcast_lm_head
 
 QUICK = builtin.WarmupRecipe(num_steps=2, batch_size=8)
 
@@ -62,8 +62,8 @@ def test_fp32_head_is_real_for_a_bf16_model(tokenizer):
     plain = build_tiny_llama(TinyLlamaShape(), tokenizer, seed=2).to(torch.bfloat16)
     assert plain(input_ids=ids).logits.dtype == torch.bfloat16
     model = build_tiny_llama(TinyLlamaShape(), tokenizer, seed=2).to(torch.bfloat16)
-    keep_lm_head_fp32(model)
-    assert model.lm_head.weight.dtype == torch.float32
+    upcast_lm_head(model)
+    assert model.lm_head.weight.dtype == torch.bfloat16  # the weight stays; the head computes in fp32
     assert model.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
     assert model(input_ids=ids).logits.dtype == torch.float32
 
@@ -72,7 +72,7 @@ def test_fp32_head_changes_nothing_for_an_fp32_model(tokenizer):
     ids = tokenizer(["1 2 3 + 4 5 6 ="], return_tensors="pt").input_ids
     model = build_tiny_llama(TinyLlamaShape(), tokenizer, seed=3)
     before = model(input_ids=ids).logits
-    keep_lm_head_fp32(model)
+    upcast_lm_head(model)
     assert torch.equal(model(input_ids=ids).logits, before)
 
 
