@@ -182,8 +182,8 @@ def test_live_waits_for_the_least_advanced_seed(sqlite_url):
     assert "variant=low" not in judgment.fitted and {p.label for p in judgment.prunes} == {"variant=fast-low"}
 
 
-def test_a_resumed_run_is_exempt_from_the_policy(sqlite_url):
-    store = Store(sqlite_url)
+def test_a_resumed_run_is_exempt_from_the_policy(db_url):
+    store = Store(db_url)
     running_sweep(store, 0.3 * BUDGET)
     apply(store, live_judgment(store, "live", PrunePolicy(n_boot=50)))
     claimed = store.claim_pruned_runs(["low-0", "low-1", "late-0"], "token")
@@ -197,17 +197,17 @@ def test_a_resumed_run_is_exempt_from_the_policy(sqlite_url):
     assert "variant=low" in judgment.fitted and not any(p.label == "variant=low" for p in judgment.prunes)
 
 
-def test_sweep_status_prunes_live_and_shows_why(sqlite_url):
-    store = Store(sqlite_url)
+def test_sweep_status_prunes_live_and_shows_why(db_url):
+    store = Store(db_url)
     running_sweep(store, 0.3 * BUDGET)
-    result = CliRunner().invoke(cli, ["--db", sqlite_url, "status", "live", "--json"])
+    result = CliRunner().invoke(cli, ["--db", db_url, "status", "live", "--json"])
     assert result.exit_code == 0, result.output
     runs = {r["run"]: r for r in json.loads(result.output)["runs"]}
     assert runs["low-0"]["state"] == "pruned" and runs["low-0"]["reason"].startswith("pruned at 30% of its budget")
     assert runs["low-0"]["prune"]["best_A"][0] - runs["low-0"]["prune"]["margin"] > runs["low-0"]["prune"]["A"][1]
     assert runs["late-0"]["state"] == "running" and runs["late-0"]["prune"]["judged_at"] == 0.3
 
-    result = CliRunner().invoke(cli, ["--db", sqlite_url, "status", "live"], terminal_width=300)
+    result = CliRunner().invoke(cli, ["--db", db_url, "status", "live"], terminal_width=300)
     assert result.exit_code == 0, result.output
     line = next(x for x in result.output.splitlines() if x.startswith("low-0:"))
     assert "pruned at 30% of its budget: A <= " in line and "[fit on gpu_hours up to 4.8e+03: A in " in line
