@@ -28,14 +28,12 @@ from store import (
     TERMINAL_STATES,
     BadURLError,
     NotFoundError,
-    RunState,
     Store,
     StoreError,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
 REPORT_FORMATS = ("table", "md", "csv", "json", "html")
-render.STATE_STYLE.setdefault(RunState.PRUNED, "dark_orange")  # until render.py names it (coord request)
 
 
 def _fail(message: str, code: int = 1) -> None:
