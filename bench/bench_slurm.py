@@ -188,13 +188,13 @@ def _drop_pg_database(url: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=2000)
-    parser.add_argument("--writers", type=int, default=32)
+    parser.add_argument("--writers", type=int, default=32, help="0: no writers benchmark")
     parser.add_argument("--points", type=int, default=500)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 50], help="points per transaction, one run each")
     args = parser.parse_args()
     rows: list[tuple[str, str, str, str]] = []
     bench_launch(args.runs, rows)
-    for batch in args.batches:
+    for batch in args.batches if args.writers else []:
         bench_writers(args.writers, args.points, batch, rows)
     print(
         f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; {time.strftime('%Y-%m-%d')}"

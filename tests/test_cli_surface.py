@@ -13,7 +13,7 @@ from launcher.cli import cli
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 
 SURFACE = {
-    "launch": ["--dry-run", "--json", "--cluster", "--retry-failed", "--wait", "--max-parallel", "--root", "--max-runs"],
+    "launch": ["--dry-run", "--json", "--cluster", "--retry-failed", "--wait", "--max-parallel", "--root", "--max-runs", "--resume-pruned"],
     "status": ["--json", "--watch", "--compute"],
     "report": [
         "--format",
