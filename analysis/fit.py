@@ -75,8 +75,13 @@ def fit_curves(
     return fit_problem(make_problem(as_curves(curves), options), options, start=start)
 
 
-def fit_problem(problem: Problem, options: FitOptions, *, start: FitResult | None = None) -> FitResult:
-    """Fit a prepared problem with options.method; see the module docstring."""
+def fit_problem(
+    problem: Problem, options: FitOptions, *, start: FitResult | None = None, fallback: bool = True
+) -> FitResult:
+    """Fit a prepared problem with options.method; see the module docstring.
+
+    `fallback=False`: a fast fit on a B bound stays as it is instead of falling back to the
+    reference grid (16,100 curve fits): what bootstrap replicates use, whose spread is the point."""
     n_pos = int(problem.design.pos.sum())
     if problem.n_points < options.min_points or n_pos < num_free(options) + 1 or not _r0_known(problem, options):
         return _failed(problem, options.method, FLAG_TOO_FEW_POINTS)
@@ -86,8 +91,10 @@ def fit_problem(problem: Problem, options: FitOptions, *, start: FitResult | Non
     space = make_space(problem, options)
     fast = _fast(problem, options, space, start)
     fast_a_bounds = (float(space.lo[I_A]), float(space.hi[I_A]))
-    if fast is not None and not _on_b_bound(fast[0], space):
+    if fast is not None and (not fallback or not _on_b_bound(fast[0], space)):
         return _result(problem, options, fast, METHOD_FAST, fast_a_bounds)
+    if not fallback:
+        return _failed(problem, METHOD_FAST, FLAG_FIT_FAILED)
     ref = _reference(problem, options)
     if ref is not None and (fast is None or ref[1] < fast[1]):
         return _result(problem, options, ref, METHOD_FALLBACK, _reference_a_bounds(problem, options))

@@ -308,7 +308,7 @@ def _refit(
     fast = options.replace(method="fast")
     for k in np.flatnonzero(~ok):
         replica = _replica(problem, y_star[k], None if weights is None else weights[k], float(theta0[k, I_R0]))
-        fit = fit_problem(replica, fast)
+        fit = fit_problem(replica, fast, fallback=False)  # never the reference grid per replicate
         if fit.ok:
             theta[k] = to_theta(fit.A, fit.B, fit.Cmid, fit.R0)
             ok[k] = True
