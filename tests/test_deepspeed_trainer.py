@@ -29,6 +29,7 @@ from recipe.config import NotAvailableError, resolve  # noqa: E402
 from recipe.engines.base import TrainBatch  # noqa: E402
 from recipe.engines.torch_trainer import TorchTrainer  # noqa: E402
 from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer  # noqa: E402
+from recipe.precision import upcast_lm_head  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,24 +63,36 @@ def random_batch(num_groups: int, seed: int) -> TrainBatch:
     )
 
 
-def make_trainer(engine: str, stage: int = 2):
-    """The trainer `recipe.train.build_trainer` builds for `engine` (AdamW from `build_optimizer`)."""
+def make_trainer(engine: str, stage: int = 2, bf16: bool = False):
+    """The trainer `recipe.train.build_trainer` builds for `engine` (AdamW from `build_optimizer`);
+    `bf16`: bf16 weights with the FP32 LM head (what `recipe.model.load_policy` makes on GPU), and
+    one fp32 parameter besides (the final norm's), so that the model holds two dtypes."""
     cfg = resolve(CFG | {"engine.trainer": engine, "engine.zero_stage": stage})
     model = tiny_model()
+    if bf16:
+        upcast_lm_head(model.to(torch.bfloat16)).model.norm.float()
     return train.build_trainer(cfg, model, train.build_optimizer(cfg, model))
 
 
-def trajectory(engine: str, stage: int = 2) -> dict:
-    """Steps on BATCHES, the checkpoint state, then a fresh trainer resumed from it and one more step."""
-    trainer = make_trainer(engine, stage)
+def trajectory(engine: str, stage: int = 2, bf16: bool = False) -> dict:
+    """Steps on BATCHES and the checkpoint state; then one more step on RESUMED, by this trainer
+    (continued) and by a fresh one resumed from the checkpoint (resumed)."""
+    trainer = make_trainer(engine, stage, bf16)
     metrics = [trainer.step(random_batch(*b), lr=LR) for b in BATCHES]
     weights = {k: v.clone() for k, v in trainer.named_weights()}
     state = copy.deepcopy(trainer.state_dict())
-    resumed = make_trainer(engine, stage)
+    trainer.step(random_batch(*RESUMED), lr=LR)
+    resumed = make_trainer(engine, stage, bf16)
     resumed.check_state(state)
     resumed.load_state_dict(copy.deepcopy(state))
     resumed.step(random_batch(*RESUMED), lr=LR)
-    return {"metrics": metrics, "weights": weights, "state": state, "resumed": dict(resumed.named_weights())}
+    return {
+        "metrics": metrics,
+        "weights": weights,
+        "state": state,
+        "continued": dict(trainer.named_weights()),
+        "resumed": dict(resumed.named_weights()),
+    }
 
 
 def _numpy(tree):
@@ -108,9 +121,22 @@ def _rank(rank: int, port: int, results) -> None:
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE="2")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        results.put((rank, {stage: _numpy(trajectory("deepspeed", stage)) for stage in STAGES}))
+        fp32 = {stage: _numpy(trajectory("deepspeed", stage)) for stage in STAGES}
+        bf16 = {stage: _numpy(_without_bf16(trajectory("deepspeed", stage, bf16=True))) for stage in STAGES}
+        results.put((rank, {"fp32": fp32, "bf16": bf16}))
     finally:
         dist.destroy_process_group()
+
+
+def _without_bf16(tree):
+    """bf16 tensors as fp32 (exactly), for numpy."""
+    if isinstance(tree, torch.Tensor):
+        return tree.float() if tree.dtype == torch.bfloat16 else tree
+    if isinstance(tree, dict):
+        return {k: _without_bf16(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_without_bf16(v) for v in tree]
+    return tree
 
 
 def free_port() -> int:
@@ -155,7 +181,7 @@ def relative_error(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) 
 def test_two_zero_ranks_take_the_torch_trainers_one_process_steps(two_ranks, torch_one_process, stage):
     want = torch_one_process
     for rank in (0, 1):
-        got = two_ranks[rank][stage]
+        got = two_ranks[rank]["fp32"][stage]
         for step, (m, w) in enumerate(zip(got["metrics"], want["metrics"])):
             assert m.keys() == w.keys()
             for key, value in w.items():
@@ -171,7 +197,7 @@ def test_two_zero_ranks_take_the_torch_trainers_one_process_steps(two_ranks, tor
 def test_the_gathered_checkpoint_is_the_torch_trainers_and_resumes_like_it(two_ranks, torch_one_process, stage):
     want = torch_one_process["state"]["optimizer"]
     for rank in (0, 1):
-        got = two_ranks[rank][stage]["state"]["optimizer"]
+        got = two_ranks[rank]["fp32"][stage]["state"]["optimizer"]
         assert got["param_groups"] == want["param_groups"]
         assert sorted(got["state"]) == sorted(want["state"]) == list(range(len(want["state"])))
         for i, slots in want["state"].items():
@@ -181,8 +207,27 @@ def test_the_gathered_checkpoint_is_the_torch_trainers_and_resumes_like_it(two_r
             got_key = {str(i): s[key] for i, s in got["state"].items()}
             want_key = {str(i): s[key] for i, s in want["state"].items()}
             assert relative_error(got_key, want_key) < 1e-5, (rank, key)
-        resumed = two_ranks[rank][stage]["resumed"]
+        resumed = two_ranks[rank]["fp32"][stage]["resumed"]
         assert relative_error(resumed, torch_one_process["resumed"]) < 1e-6, rank  # (measured: < 8e-8)
+        continued = two_ranks[rank]["fp32"][stage]["continued"]
+        assert all(torch.equal(resumed[k], v) for k, v in continued.items()), rank  # resumed: exactly as continued
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_bf16_model_resumes_exactly_from_its_gathered_checkpoint(two_ranks, stage):
+    """Stage 0 steps the bf16 weights as the torch trainer does; ZeRO 1/2 step fp32 master shards,
+    one flat group per dtype, which the checkpoint carries as each bf16 parameter's `master`."""
+    for rank in (0, 1):
+        got = two_ranks[rank]["bf16"][stage]
+        for name, value in got["continued"].items():
+            assert torch.equal(got["resumed"][name], value), (rank, name)
+        assert not all(torch.equal(got["weights"][k], v) for k, v in got["continued"].items())
+        slots = got["state"]["optimizer"]["state"]
+        has_master = [i for i, s in slots.items() if "master" in s]
+        assert has_master if stage else not has_master
+        assert len(has_master) < len(slots)  # not the fp32 norm
+    for name, value in two_ranks[0]["bf16"][stage]["continued"].items():
+        assert torch.equal(two_ranks[1]["bf16"][stage]["continued"][name], value), name
 
 
 def test_a_torch_checkpoint_resumes_on_the_deepspeed_trainer_and_back(torch_one_process):
@@ -211,7 +256,9 @@ def test_zero_stage_3_and_a_missing_package_are_refused_before_any_work(monkeypa
         train.check_engine(resolve({"engine.trainer": "deepspeed", "engine.zero_stage": 3}))
     train.check_engine(resolve({"engine.trainer": "deepspeed", "engine.zero_stage": 2}))
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real_find_spec(name, *a)
+    )
     with pytest.raises(NotAvailableError, match="engine.trainer='deepspeed'.*cannot import"):
         train.check_engine(resolve({"engine.trainer": "deepspeed"}))
 
@@ -284,3 +331,95 @@ def test_a_deepspeed_run_completes_through_the_job_path_and_resumes_like_an_unin
     for run in (straight, split):
         log = Path(run["stdout"]).read_text() + Path(run["stderr"]).read_text()
         assert "shm_comm" not in log, "DeepSpeed built its shm comm op"  # what skip_shm_comm_build prevents
+
+
+# ---------------------------------------------------------------------------------------------
+# The dev Slurm cluster (hold /tmp/slurm.lock when running these: flock /tmp/slurm.lock pytest ...)
+
+
+SLURM_RUN = """\
+name: {name}
+recipe:
+  engine: {{trainer: deepspeed, generator_ranks: {generator_ranks}}}
+  async: {{mode: pipeline, max_lag: 2}}
+  batch: {{prompts: 4, generations: 4}}
+  optim: {{lr: 3.0e-4, warmup_steps: 0}}
+  eval: {{every: 4, samples: 2}}
+  data: {{num_valid_prompts: 16}}
+  checkpoint: {{every: 3}}
+resources: {{nodes: 1, tasks_per_node: {tasks}}}
+{grid}
+budget: {{steps: {steps}}}
+"""
+
+
+@pytest.fixture
+def slurm_queue(request):
+    """The dev cluster, with no job of ours in the queue before and after the test."""
+    from test_slurm import wait_for
+
+    request.getfixturevalue("slurm_cluster")
+
+    def clear() -> None:
+        user = os.environ.get("USER") or "root"
+        subprocess.run(["scancel", "-u", user], check=False, capture_output=True)
+        wait_for(
+            lambda: not subprocess.run(["squeue", "-h", "-u", user], capture_output=True, text=True).stdout.strip(),
+            60,
+            "the queue to empty",
+        )
+
+    clear()
+    yield
+    clear()
+
+
+from test_slurm import slurm_cluster  # noqa: E402, F401 - the session fixture that brings the cluster up
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_deepspeed_grid_over_zero_stages_completes_on_slurm(slurm_queue, sweep_file, sqlite_url):
+    from test_slurm import assert_clean_curve, wait_ended
+
+    from store import Store
+
+    text = SLURM_RUN.format(
+        name="ds-grid", generator_ranks=0, tasks=1, steps=8, grid="grid:\n  engine.zero_stage: [0, 1, 2]"
+    )
+    code, out = sweep(sqlite_url, "launch", str(sweep_file(text)), "--cluster", "slurm")
+    assert code == 0 and "3 runs, 3 new, 3 submitted (slurm)" in out, out
+    runs = wait_ended(sqlite_url, "ds-grid", timeout_s=600)
+    assert [r["state"] for r in runs] == ["completed"] * 3, runs
+    store = Store(sqlite_url)
+    for run in runs:
+        assert_clean_curve(store, run["run"])
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_two_deepspeed_trainer_ranks_and_a_generator_as_one_slurm_job_resume_from_a_checkpoint(
+    slurm_queue, sweep_file, sqlite_url
+):
+    """2 ZeRO-2 trainer ranks (trainer rank 0 gathers the optimizer shards into the checkpoint) and
+    one torch generator rank; the run continued with a larger budget resumes on all three tasks."""
+    from test_slurm import assert_clean_curve, wait_ended
+
+    from store import Store
+
+    grid = sweep_file(SLURM_RUN.format(name="ds-tasks", generator_ranks=1, tasks=3, steps=8, grid=""))
+    for extra in ([], ["budget.steps=12"]):
+        code, out = sweep(sqlite_url, "launch", str(grid), *extra, "--cluster", "slurm")
+        assert code == 0 and "1 submitted" in out, out
+        (row,) = wait_ended(sqlite_url, "ds-tasks", timeout_s=600)
+        assert row["state"] == "completed", row
+    store = Store(sqlite_url)
+    (run,) = store.runs("ds-tasks")
+    attempts = store.attempts(run.id)
+    assert [a.state for a in attempts] == ["completed", "completed"]
+    assert [a.resumed_from_step for a in attempts] == [None, 8]
+    assert_clean_curve(store, run.id)
+    saved = torch.load(checkpoint.checkpoint_path(Path(run.run_dir), 12), weights_only=True)
+    optimizer = saved["optimizer"]
+    assert sorted(optimizer["state"]) == optimizer["param_groups"][0]["params"]  # every parameter's, gathered
+    assert all(float(s["step"]) > 0 and s["exp_avg_sq"].abs().sum() > 0 for s in optimizer["state"].values())

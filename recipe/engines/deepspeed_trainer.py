@@ -79,17 +79,17 @@ def skip_shm_comm_build() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
-def deepspeed_config(zero_stage: int, max_grad_norm: float | None, *, bf16: bool) -> dict[str, Any]:
-    """The engine's config: one micro-batch per step, summed gradients, clipping by DeepSpeed
-    except in stage 0 fp32 (where DeepSpeed's clipping reports no norm; the trainer clips)."""
-    clip_here = zero_stage == 0 and not bf16
+def deepspeed_config(zero_stage: int, max_grad_norm: float | None) -> dict[str, Any]:
+    """The engine's config: one micro-batch per step, summed gradients, clipping by DeepSpeed in
+    ZeRO stages (stage 0's clipping reports no norm: there the trainer clips). DeepSpeed's "bf16"
+    mode stays off: it would cast the whole module to bf16, the FP32 LM head included; the model
+    keeps the dtypes the recipe gave it, and ZeRO keeps fp32 master shards whatever they are."""
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "gradient_allreduce_op": "sum",
-        "gradient_clipping": 0.0 if clip_here or not max_grad_norm else float(max_grad_norm),
+        "gradient_clipping": 0.0 if zero_stage == 0 or not max_grad_norm else float(max_grad_norm),
         "zero_optimization": {"stage": zero_stage},
-        "bf16": {"enabled": bf16},
         "steps_per_print": 2**62,
         "wall_clock_breakdown": False,
     }
@@ -126,19 +126,15 @@ class DeepspeedTrainer:
         self._view = types.SimpleNamespace(
             param_groups=[{"params": [self.params[i] for i in g["params"]]} for g in self._groups_template]
         )
-        bf16 = any(p.dtype == torch.bfloat16 for p in self.params)
-        self.clip_here = zero_stage == 0 and not bf16
+        self.sharded = zero_stage > 0
+        """ZeRO 1/2: the optimizer steps fp32 master shards; checkpoints gather and scatter them."""
+        self._origin = _split_groups_by_dtype(optimizer) if self.sharded else list(range(len(self._groups_template)))
+        """The group of the run's optimizer each of the optimizer's groups now comes from."""
         self.engine, *_ = deepspeed.initialize(
-            model=model,
-            optimizer=optimizer,
-            config=deepspeed_config(zero_stage, max_grad_norm, bf16=bf16),
-            dist_init_required=False,
+            model=model, optimizer=optimizer, config=deepspeed_config(zero_stage, max_grad_norm), dist_init_required=False
         )
         self.model = self.engine.module
         self.optimizer = optimizer  # the torch AdamW itself: in ZeRO stages it steps the flat fp32 shards
-        self.sharded = hasattr(self.params[0], "_hp_mapping")
-        """The engine keeps fp32 master shards (ZeRO 1/2, or bf16): state is gathered and scattered."""
-        self.fp32_weights = all(p.dtype == torch.float32 for p in self.params)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.device = next(self.model.parameters()).device
 
@@ -171,10 +167,10 @@ class DeepspeedTrainer:
             group["lr"] = lr
         result = shard_loss(self.model, self.loss_cfg, batch, self.rank, self.world_size)
         self.engine.backward(result[0] if result is not None else self._zero_loss(batch))
-        if self.clip_here:
+        if not self.sharded:  # stage 0: the gradients are whole here, summed over the ranks
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
         self.engine.step()
-        if not self.clip_here:
+        if self.sharded:
             grad_norm = float(self.engine.get_global_grad_norm())
         return step_metrics(result, grad_norm, self.world_size, None, self.device)
 
@@ -197,20 +193,22 @@ class DeepspeedTrainer:
         return {"model": self.model.state_dict(), "optimizer": self._optimizer_state()}
 
     def _optimizer_state(self) -> dict[str, Any]:
-        param_groups = [g | {"lr": live["lr"]} for g, live in zip(self._groups_template, self.optimizer.param_groups)]
         if not self.sharded:
             return self.optimizer.state_dict()
+        live = {j: g for j, g in reversed(list(zip(self._origin, self.optimizer.param_groups)))}
+        hyper = [{k: v for k, v in live[j].items() if k != "params"} for j in range(len(self._groups_template))]
+        param_groups = [g | h for g, h in zip(self._groups_template, hyper)]
         if not self.optimizer.state:  # no step taken yet
             return {"state": {}, "param_groups": param_groups}
+        self._link_fragments()
         shard_state = next(iter(self.optimizer.state.values()))
-        tensor_keys = [k for k, v in shard_state.items() if torch.is_tensor(v) and v.dim() > 0]
-        scalars = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in shard_state.items() if k not in tensor_keys}
+        tensor_keys = [k for k, v in shard_state.items() if _is_per_element(v)]
         state: dict[int, dict[str, Any]] = {}
         for i, param in enumerate(self.params):
-            slots = {**{k: (v.clone() if torch.is_tensor(v) else v) for k, v in scalars.items()}}
+            slots = {k: _clone(v) for k, v in shard_state.items() if k not in tensor_keys}  # step
             for key in tensor_keys:
                 slots[key] = safe_get_full_optimizer_state(param, key).cpu()
-            if not self.fp32_weights:
+            if param.dtype != torch.float32:  # the same on every rank: the gather is collective
                 slots[MASTER_KEY] = safe_get_full_fp32_param(param).cpu()
             state[i] = slots
         return {"state": state, "param_groups": param_groups}
@@ -219,7 +217,7 @@ class DeepspeedTrainer:
         checkpoint.check_fits(state, self.model, self._view)  # the parameters as the run's optimizer held them
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Every trainer rank, with the whole state: each keeps its own shards of it."""
+        """Every trainer rank, with the whole state (`check_state` passed): each keeps its own shards."""
         self.model.load_state_dict(state["model"])
         saved = state["optimizer"]
         if not self.sharded:
@@ -228,28 +226,55 @@ class DeepspeedTrainer:
         slots = {int(i): s for i, s in saved["state"].items()}
         for i, param in enumerate(self.params):
             master = slots.get(i, {}).get(MASTER_KEY)
-            safe_set_full_fp32_param(param, (master if master is not None else param.detach()).float())
-        for group, template in zip(self.optimizer.param_groups, saved["param_groups"]):
-            group.update({k: v for k, v in template.items() if k != "params"})
+            safe_set_full_fp32_param(param, (param.detach() if master is None else master).float())
+        for group, j in zip(self.optimizer.param_groups, self._origin):
+            group.update({k: v for k, v in saved["param_groups"][j].items() if k != "params"})
         self.optimizer.state.clear()
         if not slots:
             return
-        first = next(iter(slots.values()))
-        tensor_keys = [k for k, v in first.items() if torch.is_tensor(v) and v.dim() > 0 and k != MASTER_KEY]
-        for group in self.optimizer.param_groups:  # the flat fp32 shards this rank steps
+        first = {k: v for k, v in next(iter(slots.values())).items() if k != MASTER_KEY}
+        tensor_keys = [k for k, v in first.items() if _is_per_element(v)]
+        for group in self.optimizer.param_groups:  # the optimizer's state as its first step would make it
             for shard in group["params"]:
-                self.optimizer.state[shard] = {
-                    **{k: (v.clone() if torch.is_tensor(v) else v) for k, v in first.items() if k not in tensor_keys and k != MASTER_KEY},
-                    **{k: torch.zeros_like(shard) for k in tensor_keys},
-                }
-        for param in self.params:  # what DeepSpeed links after its first step, linked now
+                scalars = {k: _clone(v) for k, v in first.items() if k not in tensor_keys}
+                self.optimizer.state[shard] = scalars | {k: torch.zeros_like(shard) for k in tensor_keys}
+        self._link_fragments()
+        for i, param in enumerate(self.params):
+            for key in tensor_keys:
+                safe_set_full_optimizer_state(param, slots[i][key].to(self.device, torch.float32), key)
+
+
+    def _link_fragments(self) -> None:
+        """Point each parameter's fragment of the optimizer state at the state of the shard holding it.
+
+        DeepSpeed links them once, after the first group's first step, so with several groups
+        (one per dtype) the later groups' fragments stay empty; linked here before any use."""
+        for param in self.params:
             mapping = param._hp_mapping
             if mapping is not None:
                 shard = self.optimizer.param_groups[mapping.param_group_index]["params"][0]
                 mapping.set_optim_state_fragment(shard, self.optimizer.state[shard])
-        for i, param in enumerate(self.params):
-            for key in tensor_keys:
-                safe_set_full_optimizer_state(param, slots[i][key].to(self.device, torch.float32), key)
+
+
+def _split_groups_by_dtype(optimizer: torch.optim.Optimizer) -> list[int]:
+    """One group per dtype in each of `optimizer`'s groups (ZeRO flattens a group into one buffer,
+    so a bf16 body and an FP32 head cannot share one); returns each new group's original group."""
+    groups, origin = list(optimizer.param_groups), []
+    optimizer.param_groups.clear()
+    for j, group in enumerate(groups):
+        for dtype in sorted({p.dtype for p in group["params"]}, key=str):
+            optimizer.add_param_group(group | {"params": [p for p in group["params"] if p.dtype == dtype]})
+            origin.append(j)
+    return origin
+
+
+def _is_per_element(value: Any) -> bool:
+    """An optimizer state slot with a value per element (exp_avg, ...), not a scalar (step)."""
+    return torch.is_tensor(value) and value.dim() > 0
+
+
+def _clone(value: Any) -> Any:
+    return value.clone() if torch.is_tensor(value) else value
 
 
 def _forget_stale_world_group() -> None:
