@@ -1,8 +1,10 @@
 """The DeepSpeed trainer (`engine.trainer: deepspeed`) on CPU: two real gloo ranks under ZeRO 0, 1
-and 2 take the torch trainer's one-process step, their gathered checkpoint is the torch trainer's
-and resumes like it; a run through the real job path (`sweep launch`, local executor) completes
-with its eval points, and resumed from a checkpoint equals an uninterrupted run; and a grid
-completes on the dev Slurm cluster. Skipped, with the reason, where deepspeed is not installed."""
+and 2 take the torch trainer's one-process steps, their gathered checkpoint is the torch trainer's
+and resumes like it (a bf16 model's too, from its fp32 masters); a run through the real job path
+(`sweep launch`, local executor) completes with its eval points, and continued from a checkpoint
+equals an uninterrupted run; on the dev Slurm cluster a grid over the ZeRO stages completes, and
+one job of two DeepSpeed trainer ranks and a generator resumes from its checkpoint. Skipped, with
+the reason, where deepspeed is not installed."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,12 +28,10 @@ import torch.multiprocessing as mp  # noqa: E402
 from recipe import checkpoint, train  # noqa: E402
 from recipe.config import NotAvailableError, resolve  # noqa: E402
 from recipe.engines.base import TrainBatch  # noqa: E402
-from recipe.engines.torch_trainer import TorchTrainer  # noqa: E402
 from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer  # noqa: E402
 from recipe.precision import upcast_lm_head  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
-ROOT = Path(__file__).resolve().parents[1]
 GROUP_SIZE = 3
 STAGES = (0, 1, 2)
 LR = 1e-2

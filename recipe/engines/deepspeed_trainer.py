@@ -12,6 +12,12 @@ shards that optimizer's state over the ranks, ZeRO 2 the gradients too; the weig
 every rank, which is what trainer rank 0 samples and evaluates with and pushes. ZeRO 3 (sharded
 weights) is refused: rank 0 alone samples and pushes, and gathering stage-3 weights is collective.
 
+Precision: the model keeps the dtypes the recipe gave it (`model.dtype`, the FP32 LM head of
+`recipe.precision`); DeepSpeed's "bf16" mode stays off, since it would cast the whole module.
+Stage 0 steps the weights as they are, exactly as `TorchTrainer`. ZeRO 1/2 flatten each parameter
+group into one buffer, so the optimizer's groups are split by dtype first, and step fp32 master
+shards of them: bf16 weights are the rounded masters.
+
 A rank whose share is empty (the zero-variance filter left fewer groups than ranks) still joins
 the gradient reduction: it back-propagates the loss of one row times zero.
 
@@ -30,9 +36,12 @@ about a second.
 Checkpoints: `state_dict()` is collective (every trainer rank calls it, `recipe.roles.LeadTrainer`)
 and returns, on every rank, the checkpoint format of `TorchTrainer`: the model's state dict and a
 torch AdamW state dict whose per-parameter `exp_avg`/`exp_avg_sq` are gathered from the ZeRO
-shards (`deepspeed.utils.safe_get_full_optimizer_state`). Where the model's weights are not fp32
-(bf16), each parameter's state also carries `master`, its fp32 master weight, so a resumed run
-continues from the same master weights. So a checkpoint of either engine resumes on the other.
+shards (`deepspeed.utils.safe_get_full_optimizer_state`), in the run's own parameter groups. Under
+ZeRO each parameter that is not fp32 also carries `master`, its fp32 master weight
+(`safe_get_full_fp32_param`), so a resumed run continues from the same masters. `load_state_dict`
+(every rank, with the whole state) writes back each rank's shards; so a checkpoint of either
+engine resumes on the other (a torch checkpoint of a bf16 model has no masters: they start from
+the bf16 weights).
 """
 
 from __future__ import annotations
