@@ -328,7 +328,8 @@ def check_engine(cfg: RecipeConfig) -> None:
     if importlib.util.find_spec("deepspeed") is None:
         raise NotAvailableError(
             f"engine.trainer={requested!r} (the deepspeed engine) needs the deepspeed package, which "
-            f"{sys.executable} cannot import; install it (pip install -e '.[gpu]') or set engine.trainer=torch"
+            f"{sys.executable} cannot import; install it (pip install -e '.[gpu]', on CPU '.[deepspeed]') "
+            "or set engine.trainer=torch"
         )
     if cfg.engine.zero_stage == 3:
         raise NotAvailableError(
