@@ -250,6 +250,23 @@ def test_a_torch_checkpoint_resumes_on_the_deepspeed_trainer_and_back(torch_one_
     make_trainer("deepspeed", 0).close()  # a second trainer in the same process makes its group again
 
 
+def test_a_one_task_run_trains_and_leaves_no_process_group(tmp_path_factory, tmp_path):
+    """`train.train` in this process: the trainer's own one-rank group is gone when it returns."""
+    from conftest import small_recipe
+
+    from recipe import builtin
+    from recipe.sink import MemorySink
+
+    base = builtin.WarmupRecipe(num_steps=100, lr=1e-3, label_smoothing=0.0)
+    model_dir = builtin.builtin_model_dir("sort6-test", base, tmp_path_factory.mktemp("cache"), lambda _: None)
+    sink = MemorySink()
+    cfg = small_recipe(model_dir, **{"engine.trainer": "deepspeed", "budget.steps": 2})
+    outcome = train.train(cfg, tmp_path, sink, log=lambda _: None)
+    assert outcome == train.TrainOutcome(final_step=2, state="completed", resumed_from_step=None)
+    assert sorted(sink.eval_points) == [0, 1, 2] and sorted(sink.checkpoints) == [2]
+    assert not dist.is_initialized() and "LOCAL_RANK" not in os.environ
+
+
 def test_zero_stage_3_and_a_missing_package_are_refused_before_any_work(monkeypatch):
     with pytest.raises(NotAvailableError, match="engine.zero_stage=3.*set engine.zero_stage to 0, 1 or 2"):
         train.check_engine(resolve({"engine.trainer": "deepspeed", "engine.zero_stage": 3}))

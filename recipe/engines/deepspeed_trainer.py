@@ -23,7 +23,7 @@ the gradient reduction: it back-propagates the loss of one row times zero.
 
 Process group: the trainers' default group when the job has one (`recipe.roles`); a one-task run
 has none, and the trainer makes a one-rank group itself (gloo on CPU, NCCL on CUDA, on an
-in-process `HashStore`, so no port is taken) and destroys it in `close()` or at exit.
+in-process `HashStore`, so no port is taken) and destroys it in `close()` (`train()` calls it) or at exit.
 
 CPU: DeepSpeed's torch backend builds its "shm" comm op (a C++ extension JIT-compiled with ninja,
 ~70 s on this machine, cached under ~/.cache/torch_extensions) the first time a process
