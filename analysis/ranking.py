@@ -24,6 +24,8 @@ from analysis.intervals import BootstrapResult
 from analysis.options import FitOptions
 
 MAX_COMPARISONS = 20
+ABLATE_AXIS = "ablate"
+"""The axis a sweep's `ablate:` block adds: `base`, or the name of the change (launcher.grid)."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,9 @@ def effects(configs: Sequence[ConfigResult], *, margin: float, level: float) -> 
 
     An axis is judged on configurations that differ in it alone (the other axes held fixed,
     `matched_axis_effect`); where no two configurations do, on all of them pooled by its value.
+    The `ablate` axis of a leave-one-out sweep names which other axis changed, so it is not held
+    fixed (it would keep every ablation apart from the base), and is itself judged pooled, against
+    `base`.
     """
     usable = [c for c in configs if c.fit.ok]
     keys: list[str] = []
@@ -139,12 +144,12 @@ def effects(configs: Sequence[ConfigResult], *, margin: float, level: float) -> 
         for c in usable:
             value = fmt_axis_value(c.axes.get(key))
             groups.setdefault(value, []).append(c.boot or c.fit)
-            others = tuple(fmt_axis_value(c.axes.get(k)) for k in keys if k != key)
+            others = tuple(fmt_axis_value(c.axes.get(k)) for k in keys if k not in (key, ABLATE_AXIS))
             contexts.setdefault(others, {}).setdefault(value, []).append(c.boot or c.fit)
         if len(groups) < 2:
             continue
-        reference = "base" if key == "ablate" and "base" in groups else None
-        matched = [c for c in contexts.values() if len(c) >= 2]
+        reference = "base" if key == ABLATE_AXIS and "base" in groups else None
+        matched = [c for c in contexts.values() if len(c) >= 2] if key != ABLATE_AXIS else []
         if matched:
             effect = matched_axis_effect(matched, axis=key, reference=reference, margin=margin, level=level)
         else:

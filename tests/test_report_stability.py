@@ -147,3 +147,26 @@ def test_report_judges_each_axis_within_matched_runs_and_checks_its_predictions(
     assert table.exit_code == 0, table.output
     assert "withheld (unstable" in table.output
     assert "within 0.02 of the observed pass rate for 4 of 4 configurations; 1 withheld" in table.output
+
+
+def test_a_leave_one_out_sweep_compares_each_ablation_with_the_base(sqlite_url):
+    """Axes of an `ablate:` sweep: each changed key is compared with the base (the `ablate` label,
+    which differs for every run, is not held fixed), and `ablate` itself is judged against base."""
+    store = Store(sqlite_url)
+    store.upsert_sweep("loo", {}, "/nowhere", "local")
+    runs = {
+        "base": ({"budget": 12, "lr": 1e-4}, 0.75, 2500.0),
+        "lr=0.0002": ({"budget": 12, "lr": 2e-4}, 0.75, 1250.0),
+        "budget=8": ({"budget": 8, "lr": 1e-4}, 0.35, 2500.0),
+    }
+    for i, (name, (axes, A, Cmid)) in enumerate(runs.items()):
+        rate = curve(A, Cmid, 200 + i)
+        add_curve_run(store, "loo", f"r{i}", {**axes, "ablate": name, "seed": 0}, COMPUTE, rate, num_samples=8)
+    result = CliRunner().invoke(cli, ["--db", sqlite_url, "report", "loo", "--bootstrap", "60", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    effects = {e["axis"]: e for e in json.loads(result.output)["effects"]}
+    assert {k: e["verdict"] for k, e in effects.items()} == {
+        "budget": "asymptote", "lr": "efficiency", "ablate": "asymptote",
+    }  # fmt: skip
+    assert effects["ablate"]["reference"] == "base"
+    assert effects["lr"]["max_Cmid_ratio"] == pytest.approx(2.0, rel=0.2)
