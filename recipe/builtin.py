@@ -86,7 +86,14 @@ class SumkWarmupRecipe(WarmupRecipe):
     label_smoothing: float = 0.2
 
 
-BUILTINS: dict[str, WarmupRecipe] = {"sort6-tiny": WarmupRecipe(), "sumk-tiny": SumkWarmupRecipe()}
+SUMK_SMALL_SHAPE = TinyLlamaShape(hidden_size=128, intermediate_size=256, num_layers=2, num_heads=2, max_positions=32)
+"""`builtin:sumk-small`: the model-size knob on sumk (about 3x the parameters of sumk-tiny: 2 heads of 64)."""
+
+BUILTINS: dict[str, WarmupRecipe] = {
+    "sort6-tiny": WarmupRecipe(),
+    "sumk-tiny": SumkWarmupRecipe(),
+    "sumk-small": SumkWarmupRecipe(shape=SUMK_SMALL_SHAPE),
+}
 
 
 def resolve_model_dir(path: str, log: Callable[[str], None] = print) -> Path:

@@ -101,7 +101,7 @@ SUMK_DIGITS = (1, 12)
 """The k a sumk prompt may have (recipe.tasks_think.MIN_DIGITS, MAX_DIGITS; a test keeps them equal)."""
 SUMK_ANSWER_TOKENS = 4
 """sumk's new tokens beyond its scratchpad (a running sum per digit): `</think>`, two answer digits, EOS."""
-BUILTIN_MODEL_TASKS = {"builtin:sort6-tiny": "sort6", "builtin:sumk-tiny": "sumk"}
+BUILTIN_MODEL_TASKS = {"builtin:sort6-tiny": "sort6", "builtin:sumk-tiny": "sumk", "builtin:sumk-small": "sumk"}
 """The task each built-in base model was warmed up on (its tokenizer knows that task's symbols only)."""
 
 

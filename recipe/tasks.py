@@ -71,6 +71,8 @@ class Task:
     """What `length.control=interrupt` appends at the thinking budget; it ends with `think_close`."""
     answer_tokens: int = 1
     """The fewest new tokens an answer needs after the thinking phase (for the interrupt's room)."""
+    difficulty: Callable[[str], int] | None = None
+    """A prompt's difficulty level (sumk: its k); evaluation then reports the pass rate per level."""
 
     def score(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]:
         """The reward of each completion of the matching prompt."""
@@ -119,6 +121,7 @@ def sumk_task(data: DataConfig) -> Task:
         think_close=tasks_think.THINK_CLOSE,
         interrupt_phrase=tasks_think.THINK_CLOSE,
         answer_tokens=tasks_think.ANSWER_TOKENS,
+        difficulty=lambda prompt: len(tasks_think.prompt_digits(prompt)),
     )
 
 

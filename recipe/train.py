@@ -739,4 +739,16 @@ def evaluate(state: RunState) -> dict[str, Any]:
         "truncation_rate": float((~torch.cat(finished)).float().mean()),
         "interrupt_rate": float(torch.cat(interrupted).float().mean()),
         "entropy": float(-torch.cat(logps).mean()),
+        **pass_rate_by_difficulty(task, prompts, passes),
     }
+
+
+def pass_rate_by_difficulty(task: Task, prompts: list[str], passes: list[float]) -> dict[str, float]:
+    """`pass_rate_<level>` for each difficulty level of a task that has them (sumk: `pass_rate_k5`)."""
+    if task.difficulty is None:
+        return {}
+    by_level: dict[int, list[float]] = {}
+    for prompt, passed in zip(prompts, passes):
+        by_level.setdefault(task.difficulty(prompt), []).append(passed)
+    prefix = "pass_rate_k" if task.name == "sumk" else "pass_rate_level"
+    return {f"{prefix}{level}": float(np.mean(v)) for level, v in sorted(by_level.items())}

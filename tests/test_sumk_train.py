@@ -81,6 +81,9 @@ def test_a_sumk_run_with_interrupts_reports_them(model_dir, tmp_path):
     assert sorted(sink.eval_points) == [0, 1, 2]
     for point in sink.eval_points.values():
         assert 0 < point["metrics"]["interrupt_rate"] <= 1 and point["num_samples"] == 48
+        by_k = {k: v for k, v in point["metrics"].items() if k.startswith("pass_rate_k")}
+        assert set(by_k) <= {f"pass_rate_k{k}" for k in range(2, 13)} and len(by_k) >= 5
+        assert all(0 <= v <= 1 for v in by_k.values())
     assert any("thinking budgets drawn from 2-4 tokens" in line for line in logs)
 
 
