@@ -12,7 +12,7 @@ Extrapolation says why (`withheld`) and its predicted value is NaN.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,9 +30,10 @@ class Extrapolation:
     """Prediction at `predict_at` from a fit on compute <= `fit_until`.
 
     band: pointwise bootstrap band of the fitted curve at predict_at (a band for the mean pass
-    rate). observed: the measured pass rate at predict_at when the data reach it (mean of the
-    points within `window` relative compute of it, else linear interpolation between its
-    neighbours), else None; n_observed: how many points that mean used (0 when interpolated).
+    rate). observed: the measured pass rate at predict_at when the data reach it (the points
+    within `window` relative compute of it, each moved along the fitted curve to predict_at, then
+    averaged; else linear interpolation between its neighbours), else None; n_observed: how many
+    points that mean used (0 when interpolated).
     error = predicted - observed. within_band: whether observed lies in the band.
     withheld: why no prediction is made (an unstable window or a failed fit), else None; then
     predicted is NaN, the band unknown, error and within_band None (observed is still given).
@@ -65,16 +66,19 @@ def extrapolate(
     n_boot: int = 200,
     seed: int = 0,
     level: float = 0.95,
-    window: float = 0.05,
+    window: float = 0.1,
     scheme: Scheme = "noise_model",
 ) -> Extrapolation:
     """Fit one configuration's seeds on compute <= fit_until jointly and predict at `predict_at`.
 
     Each seed stays its own series (its own R0 measurement, its own noise in the bootstrap), so
     interleaved seeds are never read as one time series. R0 ("first") still comes from the first
-    points; points past fit_until are used only for the observed value, the mean over all seeds. `window`: relative half-width around predict_at whose points are averaged
-    into the observed value (noise of one eval is ~0.004; averaging a few points makes the check
-    about the curve, not about one draw).
+    points; points past fit_until are used only for the observed value, the mean over all seeds.
+    `window`: relative half-width around predict_at whose points are averaged into the observed
+    value. One eval is noisy (binomial sd ~0.004-0.007, plus the policy's own wander from step to
+    step, which near convergence is the larger part), so the check averages a few points to be
+    about the curve, not about one draw; each point is first moved along the fitted curve to
+    predict_at, so a curve still rising inside the window does not bias the mean low.
     """
     seeds = as_curves(curves)
     if not (math.isfinite(fit_until) and fit_until > options.cutoff):
@@ -90,7 +94,8 @@ def extrapolate(
     order = np.argsort(np.concatenate([c for c, _ in seeds]), kind="stable")
     c_all = np.concatenate([c for c, _ in seeds])[order]
     r_all = np.concatenate([r for _, r in seeds])[order]
-    observed, n_obs = observed_at(c_all, r_all, predict_at, window=window)
+    trend = boot.fit.predict if withheld is None else None
+    observed, n_obs = observed_at(c_all, r_all, predict_at, window=window, trend=trend)
     if withheld is None:
         predicted = float(boot.fit.predict(predict_at))
         lo, hi = boot.band(predict_at)
@@ -127,16 +132,25 @@ def withheld_reason(windows: Sequence[tuple[np.ndarray, np.ndarray]], fit: FitRe
 
 
 def observed_at(
-    compute: np.ndarray, pass_rate: np.ndarray, at: float, *, window: float = 0.05
+    compute: np.ndarray,
+    pass_rate: np.ndarray,
+    at: float,
+    *,
+    window: float = 0.1,
+    trend: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> tuple[float | None, int]:
     """Measured pass rate at compute `at` from sorted data: (value, number of points averaged).
 
-    Mean of points with |C - at| <= window * at; failing that, linear interpolation when `at`
-    lies inside the measured range (n = 0); None when the data do not reach `at`.
+    Mean of points with |C - at| <= window * at, each moved to `at` along `trend` (a fitted
+    curve: point + trend(at) - trend(C)) when one is given; failing that, linear interpolation
+    when `at` lies inside the measured range (n = 0); None when the data do not reach `at`.
     """
     near = np.abs(compute - at) <= window * at
     if near.any():
-        return float(pass_rate[near].mean()), int(near.sum())
+        values = pass_rate[near]
+        if trend is not None:
+            values = values + (float(trend(np.asarray(at))) - trend(compute[near]))
+        return float(values.mean()), int(near.sum())
     if compute.size and compute[0] <= at <= compute[-1]:
         return float(np.interp(at, compute, pass_rate)), 0
     return None, 0

@@ -170,3 +170,14 @@ def test_a_leave_one_out_sweep_compares_each_ablation_with_the_base(sqlite_url):
     }  # fmt: skip
     assert effects["ablate"]["reference"] == "base"
     assert effects["lr"]["max_Cmid_ratio"] == pytest.approx(2.0, rel=0.2)
+
+
+def test_the_observed_value_is_a_trend_adjusted_mean_of_the_points_near_c2():
+    from analysis.extrapolation import observed_at
+
+    compute = np.array([0.0, 80.0, 90.0, 100.0])
+    rate = np.array([0.1, 0.48, 0.53, 0.5])
+    assert observed_at(compute, rate, 100.0) == (pytest.approx((0.53 + 0.5) / 2), 2)  # within 10%
+    rising = lambda c: 0.2 + 0.003 * np.asarray(c)  # noqa: E731 - a fitted curve, still rising
+    value, n = observed_at(compute, rate, 100.0, trend=rising)
+    assert n == 2 and value == pytest.approx((0.53 + 0.03 + 0.5) / 2)  # the point at 90 moved to 100
