@@ -18,13 +18,9 @@ current pass rate by more than the margin), to show the difference.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,7 +29,6 @@ from analysis.curve import FLAG_A_AT_BOUND
 from analysis.data import CurveLike, as_curves
 from analysis.intervals import bootstrap
 from analysis.options import DEFAULT_OPTIONS, FitOptions
-from store import ACTIVE_STATES, PRUNE_EXEMPT, EvalRecord, RunRecord, RunState, Store
 
 
 @dataclass(frozen=True)
@@ -191,153 +186,3 @@ def _point_a(seeds: Sequence[CurveLike], options: FitOptions) -> float | None:
 
     fit = fit_curves(seeds, options)
     return float(fit.A) if fit.ok else None
-
-
-# ---------------------------------------------------------------------------------------------
-# Live: the policy applied to a running sweep (`sweep status`, and the local scheduler through it)
-#
-# Each configuration's progress is that of its least advanced seed (steps, or the compute of its
-# newest eval, over the budget; a completed run is at 1). The judgment points are fractions of
-# the budget (`first_at`, then every `every`). Whenever a configuration passes one (or one drops
-# out), every configuration past `first_at` is fitted on the data as they are (seeds pooled,
-# exactly as `--dry-run`), and those with active runs that are dominated are pruned; the best is
-# never pruned, and a configuration short of `first_at` is neither judged nor a reference. So
-# nothing is fitted before the first judgment point, a fast configuration that passes its points
-# early is judged again when the others catch up, and `sweep status` in a loop refits only when
-# something passed a point. The word is kept on each run (`RunRecord.prune`): the judgment it last
-# took part in, or the decision that pruned it; a prune, once decided, is never decided again.
-# Runs resumed with `sweep launch --resume-pruned` are exempt from the policy from then on (the
-# user overruled it), but still count as references.
-
-JUDGED = "judged_at"
-"""Key of the record of a kept run: the judgment point its configuration had passed when last judged."""
-SEEN = "seen"
-"""Key of the record of a kept run: which configurations had passed which point then (a hash)."""
-EXEMPT = PRUNE_EXEMPT
-"""Key of the record of a resumed run (Store.claim_pruned_runs writes it): never pruned again."""
-
-_OUT_OF_PLAY = (RunState.FAILED, RunState.CANCELLED, RunState.TIMEOUT)
-
-
-@dataclass(frozen=True)
-class LivePrune:
-    """One configuration to prune now: its active runs, the state reason and the decision record."""
-
-    label: str
-    run_ids: tuple[str, ...]
-    reason: str
-    record: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class LiveJudgment:
-    prunes: tuple[LivePrune, ...] = ()
-    judged: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Records for the active runs of due configurations that were kept."""
-    fitted: tuple[str, ...] = ()
-    """The configurations fitted (empty: no judgment was due, nothing was fitted)."""
-
-
-def policy_of(spec: Mapping[str, Any]) -> PrunePolicy | None:
-    """The sweep's policy (its `prune:` block, stored with the sweep); None without one."""
-    block = (spec.get("grid") or {}).get("prune")
-    return None if block is None else PrunePolicy(**(block or {}))
-
-
-def run_progress(run: RunRecord, last: EvalRecord | None) -> float:
-    """How far a run is through its budget, in [0, 1]: the largest of steps / budget.steps and
-    the newest eval's flops and GPU-hours over theirs (a run stops at the first budget reached)."""
-    if run.state == RunState.COMPLETED:
-        return 1.0
-    budget, done = run.budget, [0.0]
-    if budget.get("steps"):
-        done.append(run.step / budget["steps"])
-    for key in ("flops", "gpu_hours"):
-        if budget.get(key) and last is not None:
-            done.append(getattr(last, key) / budget[key])
-    return min(1.0, max(done))
-
-
-def live_judgment(
-    store: Store,
-    sweep: str,
-    policy: PrunePolicy,
-    *,
-    compute: str | None = None,
-    options: FitOptions = DEFAULT_OPTIONS,
-) -> LiveJudgment:
-    """What the policy says about the sweep now (nothing is written: `sweep status` applies it)."""
-    from analysis.ranking import config_label
-    from analysis.report.build import read_configurations
-
-    runs = store.runs(sweep)
-    if not any(r.state in ACTIVE_STATES for r in runs):
-        return LiveJudgment()
-    last = store.last_eval_points(sweep)
-    configs: dict[str, list[RunRecord]] = {}
-    for run in runs:
-        label = config_label({k: v for k, v in run.axes.items() if k != "seed"}) or run.id
-        configs.setdefault(label, []).append(run)
-    points = policy.judgments()
-    reached: dict[str, float] = {}  # configurations past first_at -> the newest judgment point passed
-    candidates: dict[str, list[RunRecord]] = {}  # their active runs the policy may stop
-    decided = {label for label, members in configs.items() if any(r.state == RunState.PRUNED for r in members)}
-    for label, members in configs.items():
-        if label in decided:
-            continue
-        playing = [r for r in members if r.state not in _OUT_OF_PLAY]
-        if not playing:
-            continue
-        progress = min(run_progress(r, last.get(r.id)) for r in playing)
-        passed = [f for f in points if f <= progress + 1e-9]
-        if passed:
-            reached[label] = passed[-1]
-            candidates[label] = [r for r in members if r.state in ACTIVE_STATES and not (r.prune or {}).get(EXEMPT)]
-    seen = _signature(reached, decided)
-    due = {label: runs for label, runs in candidates.items() if any((r.prune or {}).get(SEEN) != seen for r in runs)}
-    if not due:
-        return LiveJudgment()
-    axis, groups, _ = read_configurations(store, sweep, compute)
-    curves = {
-        label: [(c.compute, c.pass_rate) for c in groups.get(label, []) if c.compute] for label in reached
-    }
-    curves = {label: seeds for label, seeds in curves.items() if seeds}
-    verdicts = judge(curves, policy, options)
-    best = _best(verdicts)
-    now = datetime.now(UTC).isoformat(timespec="seconds")
-    dominated = {
-        label for label in due if (v := verdicts.get(label)) is not None and v.pruned and v.A_interval is not None
-    }
-    seen = _signature({k: v for k, v in reached.items() if k not in dominated}, decided | dominated)  # after it
-    prunes, kept = [], {}
-    for label, members in due.items():
-        verdict = verdicts.get(label)
-        at = reached[label]
-        if label in dominated and verdict is not None and verdict.A_interval is not None and best is not None:
-            record = {
-                "decision": "pruned", "at": at, "compute_axis": axis,
-                "compute": max((max(c) for c, _ in curves[label]), default=0.0),
-                "A": list(verdict.A_interval), "best": best, "best_A": list(verdicts[best].A_interval or ()),
-                "margin": policy.margin, "level": policy.level, "n_boot": policy.n_boot,
-                "reason": verdict.reason, "decided_at": now,
-            }  # fmt: skip
-            reason = f"pruned at {at:.0%} of its budget: {verdict.reason}"
-            prunes.append(LivePrune(label, tuple(r.id for r in members), reason, record))
-        else:
-            interval = verdict.A_interval if verdict is not None else None
-            for run in members:
-                kept[run.id] = {JUDGED: at, SEEN: seen, "A": list(interval) if interval else None, "best": best}
-    return LiveJudgment(tuple(prunes), kept, tuple(curves))
-
-
-def _signature(reached: Mapping[str, float], pruned: set[str]) -> str:
-    """Which configurations had passed which judgment point, and which are pruned: a judgment is
-    due when it changes (a kept run records the one after its judgment)."""
-    text = json.dumps([sorted(reached.items()), sorted(pruned)])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _best(verdicts: Mapping[str, Verdict]) -> str | None:
-    """The reference of a judgment, as `judge` chose it: the highest lower bound on A."""
-    known = {k: v.A_interval for k, v in verdicts.items() if v.A_interval is not None}
-    return max(known, key=lambda k: known[k][0]) if len(known) >= 2 else None

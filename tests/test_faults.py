@@ -421,6 +421,9 @@ def test_max_parallel_one_holds_after_the_scheduler_is_sigkilled(sweep_file, sql
     _wait(lambda: [a for a in open_attempts() if a.state == AttemptState.RUNNING], 120, "a running attempt")
     (first,) = _scheduler_pids(store.url)
     os.kill(first, signal.SIGKILL)
+    # SIGKILL is not instant (a process in an uninterruptible disk wait dies after it): until it is
+    # gone its lock is held, and `sweep status` would rightly see a scheduler serving the database.
+    _wait(lambda: not local.is_alive(first), 60, f"scheduler {first} to die")
     code, out = sweep("--db", sqlite_url, "status", "par")  # restarts a scheduler (the sync step)
     assert code == 0, out
     most = 0

@@ -97,7 +97,10 @@ def test_numbers_as_answers_are_accepted(tmp_path):
 
 
 def math_config(train: Path, valid: Path, **overrides):
-    return resolve({"data.task": "math-jsonl", "data.train": str(train), "data.valid": str(valid)} | overrides)
+    """A math-jsonl recipe; the model is any Hugging Face directory (a built-in model serves its own
+    task only, and the task under test never opens it)."""
+    keys = {"model.path": "/models/any-hf-model", "data.task": "math-jsonl", "data.train": str(train), "data.valid": str(valid)}
+    return resolve(keys | overrides)
 
 
 def test_one_file_splits_into_disjoint_held_out_and_train_rows():

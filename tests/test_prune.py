@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from analysis.pruning import PrunePolicy, judge, live_judgment, run_progress, simulate, simulate_current
+from analysis.pruning import PrunePolicy, judge, simulate, simulate_current
+from launcher.prune import live_judgment, run_progress
 from analysis.synthetic import noisy_curve
 from conftest import add_curve_run
 from launcher.cli import cli
