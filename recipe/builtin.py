@@ -83,7 +83,7 @@ class SumkWarmupRecipe(WarmupRecipe):
     shape: TinyLlamaShape = field(default_factory=lambda: TinyLlamaShape(max_positions=32))
     num_steps: int = 800
     lr: float = 1.5e-3
-    label_smoothing: float = 0.2
+    label_smoothing: float = 0.1
 
 
 SUMK_SMALL_SHAPE = TinyLlamaShape(hidden_size=128, intermediate_size=256, num_layers=2, num_heads=2, max_positions=32)
