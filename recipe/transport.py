@@ -12,7 +12,8 @@ trainer rank 0 -> generator:
   {"type": "stop"}
 generator -> trainer rank 0:
   {"type": "hello", "index": i}
-  {"type": "groups", "groups": [group, ...], "num_tokens": n, "num_positions": n}
+  {"type": "groups", "groups": [group, ...], "num_tokens": n, "num_positions": n, "busy_seconds": s}
+      (busy_seconds: the generator's wall time with groups in flight since its last message)
   {"type": "error", "message": "..."}
 
 JSON rather than pickle: nothing that arrives on a socket is executed, and Python floats
