@@ -319,18 +319,12 @@ def _time(value: str) -> datetime | None:
 def reconcile(store: Store, sweep: str) -> str:
     """Refresh the sweep's Slurm runs from one sacct (or squeue) query; return the command used.
     Whatever changed is written in one transaction per kind of change."""
-    runs = {r.id: r for r in store.runs(sweep)}
-    active = [
-        a
-        for a in store.latest_attempts(sweep).values()
-        if a.executor == EXECUTOR and a.job_id and runs[a.run_id].state in ACTIVE_STATES
-    ]
-    infos, command = query_jobs([a.job_id for a in active if a.job_id]) if active else ({}, "")
+    active = store.tracked_attempts(sweep, EXECUTOR)  # newest attempts with a job id, runs active
+    infos, command = query_jobs([a.job_id for a in active]) if active else ({}, "")
     moves: dict[str, list[str]] = {}
     outcomes: list[tuple[int, str, str | None, dict[str, Any]]] = []
     for attempt in active:
-        info = infos.get(attempt.job_id or "")
-        run = runs[attempt.run_id]
+        info = infos.get(attempt.job_id)
         if info is None:
             if command == "squeue":  # left the queue, and no accounting to say how
                 reason = (
@@ -341,9 +335,9 @@ def reconcile(store: Store, sweep: str) -> str:
             continue
         state = STATE_MAP.get(info.state, RunState.FAILED)
         if state in (RunState.PENDING, RunState.RUNNING, RunState.PREEMPTED):
-            if run.state != state:
-                moves.setdefault(state, []).append(run.id)
-        elif run.state != RunState.COMPLETED:  # the recipe records its own completion; the rest is Slurm's word
+            if attempt.run_state != state:
+                moves.setdefault(state, []).append(attempt.run_id)
+        elif attempt.run_state != RunState.COMPLETED:  # the recipe records its own completion; the rest is Slurm's word
             outcomes.append(
                 (attempt.id, *_ended(info, attempt.stderr_path, state), {"ended_at": info.end, "node": info.node})
             )

@@ -87,7 +87,7 @@ def sync(store: Store, sweep: str, *, prune: Pruner | None = None) -> None:
     work that has none, and submit runs a Slurm submit limit held back if there is room now;
     then `prune` applies the sweep's prune policy (it stops the runs it prunes)."""
     reconcile_local(store, sweep)
-    if any(a.executor == "slurm" for a in store.latest_attempts(sweep).values()):
+    if "slurm" in store.latest_executors(sweep):
         from launcher import slurm
 
         slurm.reconcile(store, sweep)
