@@ -667,8 +667,8 @@ def checked_team(lead_team: type) -> type:
             self.trainer_device = str(next(trainer.eval_model().parameters()).device)
             if self.require_cuda and not self.trainer_device.startswith("cuda"):
                 raise RuntimeError(
-                    f"the trainer's policy is on {self.trainer_device} although CUDA is available: the torch "
-                    "trainer does not place the policy on the GPU (recipe.train.initial_state)"
+                    f"the trainer's policy is on {self.trainer_device} although CUDA is available "
+                    "(recipe.train.initial_state places it with recipe.train.policy_device)"
                 )
             return super().lead(trainer)
 

@@ -158,6 +158,10 @@ class RunState:
     """Real tokens of left-padded prompts of different lengths (math-jsonl); None for sort6."""
     valid_prompt_mask: torch.Tensor | None = None
     num_gpus: int = 0
+    device_generator: torch.Generator | None = None
+    """Draws the sampled tokens where the policy is on a GPU (`torch.multinomial` wants its generator
+    on the logits' device); None on a CPU, where `generator` draws them. Interrupt budgets are always
+    drawn from `generator`, on the CPU."""
     """GPUs the run's job holds, all tasks together: what a second of a step costs in GPU-seconds."""
     interrupt: InterruptRule | None = None
     """`length.control=interrupt` where it can fire (`interrupt_rule`); None: no completion is interrupted."""
@@ -416,6 +420,8 @@ def initial_state(
     model, tokenizer = load_policy(
         resolve_model_dir(cfg.model.path, log), dtype=cfg.model.dtype, lm_head_fp32=cfg.precision.lm_head_fp32
     )
+    device = policy_device()
+    model.to(device)  # before the optimizer: its state is made where the parameters are
     # Nothing here draws from the global generators; seed them for any library code that does.
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -441,6 +447,38 @@ def initial_state(
         train_prompt_mask=train_prompt_mask,
         valid_prompt_mask=valid_prompt_mask,
         num_gpus=team.num_gpus if team is not None else 0,
+        device_generator=_device_generator(device, _seed(_SAMPLING_STREAM, cfg.seed)),
+    )
+
+
+def policy_device() -> torch.device:
+    """Where this process keeps the policy: the GPU a multi-task run's role set as current
+    (`recipe.roles`), GPU 0 in a one-task run, the CPU without CUDA."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _device_generator(device: torch.device, seed: int) -> torch.Generator | None:
+    return None if device.type == "cpu" else torch.Generator(device=device).manual_seed(seed)
+
+
+def _on_policy(state: RunState, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    device = next(state.model.parameters()).device
+    return [None if t is None else t.to(device) for t in tensors]
+
+
+def _to_cpu(completions: Completions) -> Completions:
+    """Completions sampled on a GPU, brought to the CPU: scoring, rewards and the batch the trainer
+    receives (it moves it to its own device) are the same for every engine."""
+    if completions.tokens_BT.device.type == "cpu":
+        return completions
+    return Completions(
+        tokens_BT=completions.tokens_BT.cpu(),
+        logp_BT=completions.logp_BT.cpu(),
+        mask_BT=completions.mask_BT.cpu(),
+        finished_B=completions.finished_B.cpu(),
+        forced_BT=None if completions.forced_BT is None else completions.forced_BT.cpu(),
     )
 
 
@@ -507,6 +545,7 @@ def checkpoint_state(state: RunState) -> dict[str, Any]:
         "pending": [r.to_dict() for r in state.pending],
         "rng": {
             "sampling": state.generator.get_state(),
+            **({} if state.device_generator is None else {"sampling_device": state.device_generator.get_state()}),
             "torch": torch.get_rng_state(),
             "numpy": (np_name, np_key.tolist(), np_pos, np_has_gauss, np_gauss),
             "python": random.getstate(),
@@ -517,6 +556,8 @@ def checkpoint_state(state: RunState) -> dict[str, Any]:
 
 def _restore_rng(state: RunState, rng: dict[str, Any]) -> None:
     state.generator.set_state(rng["sampling"])
+    if state.device_generator is not None and "sampling_device" in rng:
+        state.device_generator.set_state(rng["sampling_device"])
     torch.set_rng_state(rng["torch"])
     np_name, np_key, np_pos, np_has_gauss, np_gauss = rng["numpy"]
     np.random.set_state((np_name, np.array(np_key, dtype=np.uint32), np_pos, np_has_gauss, np_gauss))
@@ -570,15 +611,20 @@ def generate_batch(state: RunState) -> Rollout:
     num_prompts, group_size = cfg.batch.prompts, cfg.batch.generations
     rows_P = torch.from_numpy(state.drawer.draw(num_prompts))
     prompt_ids_BP = state.train_prompt_ids[rows_P].repeat_interleave(group_size, dim=0)
-    completions = sample(
-        state.model,
-        prompt_ids_BP,
-        max_new_tokens=state.max_new_tokens,
-        eos_id=state.tokenizer.eos_token_id,
-        pad_id=state.tokenizer.pad_token_id,
-        generator=state.generator,
-        prompt_mask_BP=_prompt_mask(state.train_prompt_mask, rows_P, group_size),
-        interrupt=None if state.interrupt is None else state.interrupt.draw(len(prompt_ids_BP), state.generator),
+    interrupt = None if state.interrupt is None else state.interrupt.draw(len(prompt_ids_BP), state.generator)
+    ids_BP, mask_BP = _on_policy(state, prompt_ids_BP, _prompt_mask(state.train_prompt_mask, rows_P, group_size))
+    assert ids_BP is not None
+    completions = _to_cpu(
+        sample(
+            state.model,
+            ids_BP,
+            max_new_tokens=state.max_new_tokens,
+            eos_id=state.tokenizer.eos_token_id,
+            pad_id=state.tokenizer.pad_token_id,
+            generator=state.device_generator or state.generator,
+            prompt_mask_BP=mask_BP,
+            interrupt=interrupt,
+        )
     )
     prompts = [task.train_prompts[int(r)] for r in rows_P for _ in range(group_size)]
     passes_B = torch.tensor(task.score(prompts, decode(state.tokenizer, completions)))
@@ -714,18 +760,27 @@ def evaluate(state: RunState) -> dict[str, Any]:
     prompt_mask = _prompt_mask(state.valid_prompt_mask, torch.arange(len(task.valid_prompts)), k)
     prompts = [p for p in task.valid_prompts for _ in range(k)]
     generator = torch.Generator().manual_seed(_seed(_EVAL_STREAM, cfg.seed, state.step))
+    device = next(state.model.parameters()).device
+    token_generator = _device_generator(device, _seed(_EVAL_STREAM, cfg.seed, state.step)) or generator
     passes, lengths, finished, interrupted, logps = [], [], [], [], []
     for start in range(0, len(prompts), EVAL_CHUNK):
         chunk = prompt_ids[start : start + EVAL_CHUNK]
-        out = sample(
-            state.model,
-            chunk,
-            max_new_tokens=state.max_new_tokens,
-            eos_id=state.tokenizer.eos_token_id,
-            pad_id=state.tokenizer.pad_token_id,
-            generator=generator,
-            prompt_mask_BP=None if prompt_mask is None else prompt_mask[start : start + EVAL_CHUNK],
-            interrupt=None if state.interrupt is None else state.interrupt.draw(len(chunk), generator),
+        interrupt = None if state.interrupt is None else state.interrupt.draw(len(chunk), generator)
+        chunk_ids, chunk_mask = _on_policy(
+            state, chunk, None if prompt_mask is None else prompt_mask[start : start + EVAL_CHUNK]
+        )
+        assert chunk_ids is not None
+        out = _to_cpu(
+            sample(
+                state.model,
+                chunk_ids,
+                max_new_tokens=state.max_new_tokens,
+                eos_id=state.tokenizer.eos_token_id,
+                pad_id=state.tokenizer.pad_token_id,
+                generator=token_generator,
+                prompt_mask_BP=chunk_mask,
+                interrupt=interrupt,
+            )
         )
         passes += task.score(prompts[start : start + EVAL_CHUNK], decode(state.tokenizer, out))
         lengths.append(out.lengths_B)
