@@ -1,10 +1,11 @@
 """Control-plane benchmarks on the dev Slurm cluster and the local PostgreSQL server.
 
     bash slurm/dev-cluster.sh up && python bench/bench_slurm.py [--runs 2000] [--writers 32 --points 500]
+        [--profile DIR]   # cProfile stats of the submit and the status: DIR/submit.prof, DIR/status.prof
 
 1. Expand + validate a grid of `--runs` runs (target: reported, no target in the issue).
 2. Submit those runs to the dev cluster with MaxArraySize=1001: sbatch calls (target
-   ceil(runs / 1001)) and wall time (target < 10 s). The jobs are held (`--hold` is not available
+   ceil(runs / 1001)) and wall time (target < 10 s up to 2,000 runs, < 30 s beyond). The jobs are held (`--hold` is not available
    through submitit, so they are cancelled right after the status measurement).
 3. `sweep status` on them: Slurm queries (target 1) and time (target < 1 s).
 4. `--writers` concurrent writer processes (one Slurm array) x `--points` eval points each, into
@@ -75,7 +76,28 @@ class Counter:
         return sum(c == name for c in self.calls)
 
 
-def bench_launch(runs: int, rows: list[tuple[str, str, str, str]]) -> None:
+class Profile:
+    """cProfile around a measured step when `folder` is given (stats in folder/<name>.prof)."""
+
+    def __init__(self, folder: Path | None, name: str) -> None:
+        self.folder, self.name = folder, name
+
+    def __enter__(self) -> Profile:
+        if self.folder is not None:
+            import cProfile
+
+            self.profile = cProfile.Profile()
+            self.profile.enable()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.folder is not None:
+            self.profile.disable()
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.profile.dump_stats(str(self.folder / f"{self.name}.prof"))
+
+
+def bench_launch(runs: int, rows: list[tuple[str, str, str, str]], profile: Path | None = None) -> None:
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         grid = Path(tmp) / "grid.yaml"
         name = f"bench{uuid.uuid4().hex[:6]}"
@@ -89,7 +111,7 @@ def bench_launch(runs: int, rows: list[tuple[str, str, str, str]]) -> None:
         store = Store(f"sqlite:///{tmp}/bench.db")
         # Held jobs: submission and tracking are measured, not 2,000 trainings on 2 cores.
         slurm.executor_parameters = _held(slurm.executor_parameters)
-        with Counter() as counter:
+        with Counter() as counter, Profile(profile, "submit"):
             t0 = time.perf_counter()
             result = launch(store, spec, plans, executor="slurm", root=Path(tmp) / "runs")
             t_submit = time.perf_counter() - t0
@@ -98,11 +120,11 @@ def bench_launch(runs: int, rows: list[tuple[str, str, str, str]]) -> None:
         rows.append(
             (f"submit {len(result.submitted)} runs: sbatch calls", str(sbatch), f"{arrays}", f"{sbatch / arrays:.2f}")
         )
-        rows.append(
-            (f"submit {len(result.submitted)} runs: wall time", f"{t_submit:.2f} s", "< 10 s", f"{t_submit / 10:.2f}")
-        )
+        limit = 10 if runs <= 2000 else 30  # the issues' targets: 2,000 runs < 10 s, 10,000 runs < 30 s
+        label = f"submit {len(result.submitted)} runs: wall time"
+        rows.append((label, f"{t_submit:.2f} s", f"< {limit} s", f"{t_submit / limit:.2f}"))
 
-        with Counter() as counter:
+        with Counter() as counter, Profile(profile, "status"):
             t0 = time.perf_counter()
             status = collect(store, name)
             t_status = time.perf_counter() - t0
@@ -191,9 +213,10 @@ def main() -> None:
     parser.add_argument("--writers", type=int, default=32, help="0: no writers benchmark")
     parser.add_argument("--points", type=int, default=500)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 50], help="points per transaction, one run each")
+    parser.add_argument("--profile", type=Path, help="write cProfile stats of submit and status here")
     args = parser.parse_args()
     rows: list[tuple[str, str, str, str]] = []
-    bench_launch(args.runs, rows)
+    bench_launch(args.runs, rows, args.profile)
     for batch in args.batches if args.writers else []:
         bench_writers(args.writers, args.points, batch, rows)
     print(

@@ -103,7 +103,8 @@ def launch(
         resumed = [(run_id, _newest_checkpoint(store, run_id)) for run_id in won]
     submitted: list[str] = []
     if claimed:
-        runs = [r for r in store.runs(spec.name, states=[RunState.SUBMITTING]) if r.id in set(claimed)]
+        mine = set(claimed)
+        runs = [r for r in store.runs(spec.name, states=[RunState.SUBMITTING]) if r.id in mine]
         submitted = _submit(store, runs, executor, max_parallel=max_parallel)
     elif executor == "local":
         local.ensure_scheduler(store, max_parallel=max_parallel)
