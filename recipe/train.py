@@ -74,7 +74,7 @@ from recipe.engines.base import TrainBatch, Trainer
 from recipe.engines.torch_trainer import TorchTrainer
 from recipe.lag import Span, lag_metrics
 from recipe.model import load_policy, matmul_param_count
-from recipe.sampler import Completions, InterruptRule, decode, sample
+from recipe.sampler import Completions, Interrupt, InterruptRule, decode, sample
 from recipe.sink import Sink
 from recipe.tasks import Task, load_task
 
@@ -463,9 +463,26 @@ def _device_generator(device: torch.device, seed: int) -> torch.Generator | None
     return None if device.type == "cpu" else torch.Generator(device=device).manual_seed(seed)
 
 
-def _on_policy(state: RunState, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+def sample_on_policy(
+    state: RunState,
+    prompt_ids_BP: torch.Tensor,
+    prompt_mask_BP: torch.Tensor | None,
+    generator: torch.Generator,
+    interrupt: Interrupt | None,
+) -> Completions:
+    """`sample` from trainer rank 0's policy where it lives; the completions on the CPU."""
     device = next(state.model.parameters()).device
-    return [None if t is None else t.to(device) for t in tensors]
+    out = sample(
+        state.model,
+        prompt_ids_BP.to(device),
+        max_new_tokens=state.max_new_tokens,
+        eos_id=state.tokenizer.eos_token_id,
+        pad_id=state.tokenizer.pad_token_id,
+        generator=generator,
+        prompt_mask_BP=None if prompt_mask_BP is None else prompt_mask_BP.to(device),
+        interrupt=interrupt,
+    )
+    return _to_cpu(out)
 
 
 def _to_cpu(completions: Completions) -> Completions:
@@ -612,20 +629,8 @@ def generate_batch(state: RunState) -> Rollout:
     rows_P = torch.from_numpy(state.drawer.draw(num_prompts))
     prompt_ids_BP = state.train_prompt_ids[rows_P].repeat_interleave(group_size, dim=0)
     interrupt = None if state.interrupt is None else state.interrupt.draw(len(prompt_ids_BP), state.generator)
-    ids_BP, mask_BP = _on_policy(state, prompt_ids_BP, _prompt_mask(state.train_prompt_mask, rows_P, group_size))
-    assert ids_BP is not None
-    completions = _to_cpu(
-        sample(
-            state.model,
-            ids_BP,
-            max_new_tokens=state.max_new_tokens,
-            eos_id=state.tokenizer.eos_token_id,
-            pad_id=state.tokenizer.pad_token_id,
-            generator=state.device_generator or state.generator,
-            prompt_mask_BP=mask_BP,
-            interrupt=interrupt,
-        )
-    )
+    mask_BP = _prompt_mask(state.train_prompt_mask, rows_P, group_size)
+    completions = sample_on_policy(state, prompt_ids_BP, mask_BP, state.device_generator or state.generator, interrupt)
     prompts = [task.train_prompts[int(r)] for r in rows_P for _ in range(group_size)]
     passes_B = torch.tensor(task.score(prompts, decode(state.tokenizer, completions)))
     rewards_B = shaped_rewards(passes_B, completions.lengths_B, cfg)
@@ -766,22 +771,8 @@ def evaluate(state: RunState) -> dict[str, Any]:
     for start in range(0, len(prompts), EVAL_CHUNK):
         chunk = prompt_ids[start : start + EVAL_CHUNK]
         interrupt = None if state.interrupt is None else state.interrupt.draw(len(chunk), generator)
-        chunk_ids, chunk_mask = _on_policy(
-            state, chunk, None if prompt_mask is None else prompt_mask[start : start + EVAL_CHUNK]
-        )
-        assert chunk_ids is not None
-        out = _to_cpu(
-            sample(
-                state.model,
-                chunk_ids,
-                max_new_tokens=state.max_new_tokens,
-                eos_id=state.tokenizer.eos_token_id,
-                pad_id=state.tokenizer.pad_token_id,
-                generator=token_generator,
-                prompt_mask_BP=chunk_mask,
-                interrupt=interrupt,
-            )
-        )
+        chunk_mask = None if prompt_mask is None else prompt_mask[start : start + EVAL_CHUNK]
+        out = sample_on_policy(state, chunk, chunk_mask, token_generator, interrupt)
         passes += task.score(prompts[start : start + EVAL_CHUNK], decode(state.tokenizer, out))
         lengths.append(out.lengths_B)
         finished.append(out.finished_B)
