@@ -275,7 +275,7 @@ def _live_prune(store: Store, sweep: str) -> list[str]:
     record = store.get_sweep(sweep)
     if record is None or (record.spec.get("grid") or {}).get("prune") is None:
         return []
-    from launcher.prune import live_judgment, policy_of
+    from analysis.report.prune import live_judgment, policy_of
     from launcher.cancel import prune
 
     policy = policy_of(record.spec)

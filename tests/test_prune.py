@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from analysis.pruning import PrunePolicy, judge, simulate, simulate_current
-from launcher.prune import live_judgment, run_progress
+from analysis.report.prune import live_judgment, run_progress
 from analysis.synthetic import noisy_curve
 from conftest import add_curve_run
 from launcher.cli import cli

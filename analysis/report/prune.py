@@ -1,6 +1,7 @@
 """The live prune policy: `analysis.pruning`'s judgment applied to a running sweep (`sweep status`,
-and the local scheduler through it). analysis/ stays pure computation; reading the runs and their
-evals from the store, each run's progress and the record kept on each run live here.
+and the local scheduler through it). Like `analysis.report.build`, this layer reads the store (the
+runs, their newest evals, the record kept on each run); `analysis.pruning` stays pure computation,
+and launching and tracking (launcher/, except the CLI) never import either.
 """
 
 from __future__ import annotations
