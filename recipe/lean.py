@@ -101,7 +101,6 @@ class LeanLlama:
         self.scaling = self.head_dim**-0.5
         self.dropout = float(getattr(config, "attention_dropout", 0.0) or 0.0)
         self._tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self._fused_weights: dict[int, tuple[tuple[tuple[int, int], ...], torch.Tensor, torch.Tensor]] = {}
 
     def hooked(self) -> bool:
         """Any forward hook (module or global) would be skipped here: then transformers runs."""
@@ -147,9 +146,14 @@ class LeanLlama:
         return F.linear(hidden, self.head.weight)
 
     def _layer(
-        self, layer: torch.nn.Module, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self,
+        layer: torch.nn.Module,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: Cache | None,
+        index: int,
     ) -> torch.Tensor:
-        """One decoder layer of the full causal forward, exactly as transformers computes it."""
         attn, mlp = layer.self_attn, layer.mlp
         batch, length = hidden.shape[:2]
         residual = hidden
@@ -160,60 +164,23 @@ class LeanLlama:
         v = F.linear(hidden, attn.v_proj.weight).view(shape).transpose(1, 2)
         q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
         gqa = {"enable_gqa": True} if self.num_heads != self.num_kv_heads else {}
-        dropout = self.dropout if self.model.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=self.scaling, is_causal=length > 1, **gqa)
+        if cache is None:
+            dropout = self.dropout if self.model.training else 0.0
+            out = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=dropout, scale=self.scaling, is_causal=length > 1, **gqa
+            )
+        else:
+            start, end = cache.length, cache.length + length
+            cache.keys[index][:, :, start:end] = k
+            cache.values[index][:, :, start:end] = v
+            k, v = cache.keys[index][:, :, :end], cache.values[index][:, :, :end]
+            out = F.scaled_dot_product_attention(q, k, v, scale=self.scaling, is_causal=start == 0 and length > 1, **gqa)
         out = out.transpose(1, 2).contiguous().reshape(batch, length, -1).contiguous()
         hidden = residual + F.linear(out, attn.o_proj.weight)
         residual = hidden
         hidden = self._rms(layer.post_attention_layernorm, hidden)
         gated = F.silu(F.linear(hidden, mlp.gate_proj.weight)) * F.linear(hidden, mlp.up_proj.weight)
         return residual + F.linear(gated, mlp.down_proj.weight)
-
-    def _fused(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer `index`'s q|k|v and gate|up weights concatenated (one matmul each while sampling),
-        rebuilt whenever a weight has changed in place (its version counter moved)."""
-        layer = self.layers[index]
-        attn, mlp = layer.self_attn, layer.mlp
-        parts = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight)
-        key = tuple((id(p), p._version) for p in parts)
-        entry = self._fused_weights.get(index)
-        if entry is None or entry[0] != key:
-            with torch.no_grad():
-                entry = (key, torch.cat(parts[:3]), torch.cat(parts[3:]))
-            self._fused_weights[index] = entry
-        return entry[1], entry[2]
-
-    def _cached_layer(
-        self, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Cache
-    ) -> torch.Tensor:
-        """One decoder layer over new positions, keys and values appended to `cache` (sampling):
-        the same arithmetic as `_layer`, with q|k|v and gate|up each in one matmul."""
-        layer = self.layers[index]
-        batch, length = hidden.shape[:2]
-        qkv_w, gate_up_w = self._fused(index)
-        residual = hidden
-        hidden = self._rms(layer.input_layernorm, hidden)
-        heads = self.num_heads + 2 * self.num_kv_heads
-        qkv = F.linear(hidden, qkv_w).view(batch, length, heads, self.head_dim).transpose(1, 2)
-        qk = self._rotate(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)
-        q, k, v = qk[:, : self.num_heads], qk[:, self.num_heads :], qkv[:, self.num_heads + self.num_kv_heads :]
-        gqa = {"enable_gqa": True} if self.num_heads != self.num_kv_heads else {}
-        start, end = cache.length, cache.length + length
-        cache.keys[index][:, :, start:end] = k
-        cache.values[index][:, :, start:end] = v
-        if start == 0:  # the prompt attends to itself, causally
-            out = F.scaled_dot_product_attention(q, k, v, scale=self.scaling, is_causal=length > 1, **gqa)
-        elif length == 1:
-            keys, values = cache.keys[index][:, :, :end], cache.values[index][:, :, :end]
-            out = F.scaled_dot_product_attention(q, keys, values, scale=self.scaling, **gqa)
-        else:
-            raise ValueError("after the prompt, the cache takes one token at a time")
-        out = out.transpose(1, 2).reshape(batch, length, -1)
-        hidden = residual + F.linear(out, layer.self_attn.o_proj.weight)
-        residual = hidden
-        hidden = self._rms(layer.post_attention_layernorm, hidden)
-        gate, up = F.linear(hidden, gate_up_w).chunk(2, dim=-1)
-        return residual + F.linear(F.silu(gate) * up, layer.mlp.down_proj.weight)
 
     # -- the forwards ----------------------------------------------------------------------------
 
@@ -222,7 +189,7 @@ class LeanLlama:
         hidden = self._embed(input_ids)
         cos, sin = self._rope(input_ids.shape[1], hidden.dtype, hidden.device)
         for layer in self.layers:
-            hidden = self._layer(layer, hidden, cos, sin)
+            hidden = self._layer(layer, hidden, cos, sin, None, 0)
         hidden = self._rms(self.norm, hidden)
         return self._head(hidden[:, -num_keep:, :])
 
@@ -234,13 +201,13 @@ class LeanLlama:
 
     @torch.no_grad()
     def extend(self, cache: Cache, input_ids: torch.Tensor) -> torch.Tensor:
-        """Feed `input_ids` [B, n] after the cached positions (the prompt, then one token per row);
-        the last position's logits [B, V]."""
+        """Feed `input_ids` [B, n] after the cached positions; the last position's logits [B, V]."""
         hidden = self._embed(input_ids)
         start, length = cache.length, input_ids.shape[1]
         cos, sin = self._rope(start + length, hidden.dtype, hidden.device)
         cos, sin = cos[start:], sin[start:]
-        for index in range(len(self.layers)):
-            hidden = self._cached_layer(index, hidden, cos, sin, cache)
+        for index, layer in enumerate(self.layers):
+            hidden = self._layer(layer, hidden, cos, sin, cache, index)
         cache.length += length
-        return self._head(self._rms(self.norm, hidden[:, -1:, :]))[:, -1]
+        hidden = self._rms(self.norm, hidden[:, -1:, :])
+        return self._head(hidden)[:, -1]
