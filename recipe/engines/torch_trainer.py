@@ -100,8 +100,6 @@ class TorchTrainer:
         group: dist.ProcessGroup | None = None,
     ) -> None:
         self.model, self.optimizer, self.loss_cfg = model, optimizer, loss_cfg
-        self._saved_flags = [{k: g.get(k) for k in ("fused", "foreach")} for g in optimizer.param_groups]
-        fuse_adamw(optimizer)
         self.max_grad_norm = max_grad_norm or math.inf
         self.group = group
         distributed = group is not None or (dist.is_available() and dist.is_initialized())
@@ -118,7 +116,7 @@ class TorchTrainer:
             result[0].backward()
         if self.world_size > 1:
             self._sum_gradients()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm, foreach=True)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
@@ -146,10 +144,7 @@ class TorchTrainer:
         return self.model
 
     def state_dict(self) -> dict[str, Any]:
-        optimizer = self.optimizer.state_dict()
-        for group, flags in zip(optimizer["param_groups"], self._saved_flags):
-            group.update(flags)  # the optimizer as it was built: checkpoints compare equal across engines
-        return {"model": self.model.state_dict(), "optimizer": optimizer}
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def check_state(self, state: Mapping[str, Any]) -> None:
         checkpoint.check_fits(state, self.model, self.optimizer)
@@ -160,32 +155,6 @@ class TorchTrainer:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        fuse_adamw(self.optimizer)  # a checkpoint's param groups carry their own (older) implementation flags
-
-
-def fuse_adamw(optimizer: torch.optim.Optimizer) -> None:
-    """Switch a plain `torch.optim.AdamW` to its fused implementation, in place.
-
-    The same update rule in one kernel per step instead of about ten small ops per parameter
-    (on CPU, where torch picks the per-parameter loop by default: 1.4 ms against 0.24 ms per step
-    for the 84k-parameter model, docs/speed.md). It rounds differently in the last bits, so a run
-    is reproducible with itself (resume included), not bit-equal to the unfused loop. Optimizers
-    of another type, or with `foreach`/`fused`/`differentiable`/`capturable` chosen, are left as they are.
-    """
-    if type(optimizer) is not torch.optim.AdamW:
-        return
-    for group in optimizer.param_groups:
-        if group.get("foreach") or group.get("differentiable") or group.get("capturable"):
-            return
-        if any(p.device.type not in ("cpu", "cuda") or not p.dtype.is_floating_point for p in group["params"]):
-            return
-    for group in optimizer.param_groups:
-        group["fused"] = True
-        group["foreach"] = None
-        for p in group["params"]:
-            state = optimizer.state.get(p, {})
-            if "step" in state:  # the unfused loop keeps `step` on the CPU; the fused kernel wants it beside p
-                state["step"] = state["step"].to(device=p.device, dtype=torch.float32)
 
 
 def batch_to(batch: TrainBatch, device: torch.device) -> TrainBatch:
