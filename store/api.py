@@ -958,28 +958,15 @@ def _sweep(r: Sweep) -> SweepRecord:
     return SweepRecord(r.id, r.name, r.spec, r.root_dir, r.executor, _aware(r.created_at))
 
 
-def _run(r: Run, sweep: str) -> RunRecord:
-    return RunRecord(
-        r.id,
-        sweep,
-        r.position,
-        r.config,
-        r.axes,
-        r.budget,
-        r.run_dir,
-        RunState(r.state),
-        r.state_reason,
-        r.step,
-        _aware(r.updated_at),
-        r.prune,
-    )
-
-
 _RUN_COLUMNS = (
     Run.id, Run.position, Run.config, Run.axes, Run.budget, Run.run_dir, Run.state, Run.state_reason, Run.step,
     Run.updated_at, Run.prune,
 )  # fmt: skip
 """The columns of a RunRecord (all but `sweep`), in its order: what `_run_row` reads."""
+
+
+def _run(r: Run, sweep: str) -> RunRecord:
+    return _run_row(tuple(getattr(r, column.key) for column in _RUN_COLUMNS), sweep)
 
 
 def _run_row(r: Sequence[Any], sweep: str) -> RunRecord:
@@ -1007,11 +994,7 @@ def _attempt_row(r: Sequence[Any]) -> AttemptRecord:
 
 
 def _attempt(r: Attempt) -> AttemptRecord:
-    values = {name: getattr(r, name) for name in _ATTEMPT_FIELDS}
-    for key in ("submitted_at", "started_at", "ended_at"):
-        values[key] = _aware(values[key])
-    values["state"] = AttemptState(values["state"])
-    return AttemptRecord(**values)
+    return _attempt_row(tuple(getattr(r, name) for name in _ATTEMPT_FIELDS))
 
 
 _EVAL_COLUMNS = (
