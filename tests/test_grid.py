@@ -216,3 +216,33 @@ def test_base_recipe_default_is_scalerl():
         "cispo", "prompt", "batch", "pipeline", 8,
     )  # fmt: skip
     assert (cfg.batch.prompts, cfg.batch.generations, cfg.optim.lr, cfg.optim.eps) == (48, 16, 5e-7, 1e-15)
+
+
+def test_config_yaml_is_what_pyyaml_writes_and_renders_each_section_once(monkeypatch):
+    """The run files' YAML is rendered a section at a time and memoised: the text must be exactly
+    yaml.dump's, and a second config that differs in one section must render only that one."""
+    from pathlib import Path
+
+    import yaml
+
+    import recipe.config as config_module
+    from recipe.config import config_yaml
+
+    sweeps = sorted(Path(__file__).resolve().parents[1].glob("sweeps/*.yaml"))
+    assert sweeps
+    configs = [plan.config.to_dict() for path in sweeps for plan in expand(load_sweep(path))]
+    for config in configs:
+        assert config_yaml(config) == yaml.dump(config, Dumper=yaml.SafeDumper, sort_keys=False)
+
+    monkeypatch.setattr(config_module, "_SECTION_YAML", {})
+    rendered: list[str] = []
+    real_dump = yaml.dump
+    monkeypatch.setattr(yaml, "dump", lambda data, **kw: rendered.append(next(iter(data))) or real_dump(data, **kw))
+    base = RecipeConfig().to_dict()
+    config_yaml(base)
+    assert rendered == list(base)
+    rendered.clear()
+    changed = {**base, "optim": {**base["optim"], "lr": 1.0e-3}}
+    text = config_yaml(changed)
+    assert rendered == ["optim"]
+    assert "lr: 0.001" in text and text == real_dump(changed, Dumper=yaml.SafeDumper, sort_keys=False)
