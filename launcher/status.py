@@ -24,10 +24,13 @@ Pruner = Callable[[Store, str], object]
 SYNCHRONOUS_PIPELINE = "async.mode=pipeline with engine.generator_ranks=0: synchronous (lag 0)"
 
 
-def synchronous_pipeline(config: dict[str, Any]) -> bool:
+NOTE_KEYS = ("async.mode", "engine.generator_ranks")
+"""The config keys `notes` depends on (read with the database's JSON paths, not decoded)."""
+
+
+def synchronous_pipeline(mode: Any, generator_ranks: Any) -> bool:
     """A pipeline run without generator ranks alternates generation and training in one process."""
-    mode = config.get("async", {}).get("mode")
-    return mode == "pipeline" and not config.get("engine", {}).get("generator_ranks", 0)
+    return mode == "pipeline" and not generator_ranks
 
 
 @dataclass(frozen=True)
@@ -36,15 +39,12 @@ class StatusRow:
     num_attempts: int
     attempt: AttemptRecord | None
     last: EvalRecord | None
+    notes: tuple[str, ...] = ()
+    """What a user should know about how the run executes."""
 
     @property
     def budget_steps(self) -> int | None:
         return self.run.budget.get("steps")
-
-    @property
-    def notes(self) -> list[str]:
-        """What a user should know about how the run executes."""
-        return [SYNCHRONOUS_PIPELINE] if synchronous_pipeline(self.run.config) else []
 
     def to_json(self) -> dict[str, Any]:
         a, last = self.attempt, self.last
@@ -63,7 +63,7 @@ class StatusRow:
             "job_id": a.job_id if a else None,
             "executor": a.executor if a else None,
             "node": a.node if a else None,
-            "notes": self.notes,
+            "notes": list(self.notes),
             "stdout": a.stdout_path if a else None,
             "stderr": a.stderr_path if a else None,
             "run_dir": self.run.run_dir,
@@ -78,7 +78,16 @@ def collect(store: Store, sweep: str, *, reconcile: bool = True, prune: Pruner |
     attempts = store.latest_attempts(sweep)
     counts = store.attempt_counts(sweep)
     last = store.last_eval_points(sweep)
-    return [StatusRow(r, counts.get(r.id, 0), attempts.get(r.id), last.get(r.id)) for r in runs]
+    values = store.config_values(sweep, NOTE_KEYS)
+    return [
+        StatusRow(r, counts.get(r.id, 0), attempts.get(r.id), last.get(r.id), _notes(values.get(r.id, ())))
+        for r in runs
+    ]
+
+
+def _notes(values: tuple[Any, ...]) -> tuple[str, ...]:
+    mode, generator_ranks = values or (None, None)
+    return (SYNCHRONOUS_PIPELINE,) if synchronous_pipeline(mode, generator_ranks) else ()
 
 
 def sync(store: Store, sweep: str, *, prune: Pruner | None = None) -> None:

@@ -38,6 +38,18 @@ def test_register_is_idempotent(db_url):
     assert store.runs("s")[1].config == {"seed": 1}  # the existing row was not overwritten
 
 
+def test_configs_come_back_whole_and_config_values_read_dotted_keys(db_url):
+    store = Store(db_url)
+    store.upsert_sweep("s", {"name": "s"}, "/tmp/s", "local")
+    config = {"async": {"mode": "pipeline", "max_lag": 2}, "engine": {"generator_ranks": 0}, "optim": {"lr": 1e-4}}
+    other = {"async": {"mode": "ppo-offpolicy"}, "engine": {"generator_ranks": 2}}
+    store.register_runs("s", [NewRun("a", 0, config, {}, {}, "/a"), NewRun("b", 1, other, {}, {}, "/b")])
+    assert [r.config for r in store.runs("s")] == [config, other]
+    assert store.get_run("a").config == config
+    values = store.config_values("s", ["async.mode", "engine.generator_ranks", "async.max_lag", "nothing.here"])
+    assert values == {"a": ("pipeline", 0, 2, None), "b": ("ppo-offpolicy", 2, None, None)}
+
+
 def test_same_eval_step_twice_keeps_one_row_with_the_latest_values(db_url):
     store = _store_with_runs(db_url)
     store.add_eval_points("run0", [_point(0, 0.1), _point(5, 0.2)])
