@@ -81,14 +81,15 @@ def launch(
     extended = _update_budgets(store, spec.name, plans, known)
     sweep_file = str(Path(spec.path).resolve())
     sweep_sha = file_sha256(spec.path)
-    for plan in fresh:  # files first: a job must never start without them
+    resolved = [plan.config.to_dict() for plan in fresh]
+    for plan, config in zip(fresh, resolved, strict=True):  # files first: a job must never start without them
         write_run_files(
-            sweep_dir / plan.id, run_id=plan.id, sweep=spec.name, db_url=store.url, config=plan.config,
+            sweep_dir / plan.id, run_id=plan.id, sweep=spec.name, db_url=store.url, config=config,
             sweep_file=sweep_file, sweep_file_sha256=sweep_sha,
         )  # fmt: skip
     new = store.register_runs(
         spec.name,
-        [NewRun(p.id, p.position, p.config.to_dict(), p.axes, p.budget, str(sweep_dir / p.id)) for p in fresh],
+        [NewRun(p.id, p.position, c, p.axes, p.budget, str(sweep_dir / p.id)) for p, c in zip(fresh, resolved, strict=True)],
     )
 
     from_states = [RunState.REGISTERED, *(RETRYABLE_STATES if retry_failed else ())]
