@@ -54,3 +54,21 @@ def noisy_curve(
     truth = sigmoid(c, A, B, Cmid, R0) + ar1_drift(c.size, sd=drift_sd, rho=drift_rho, rng=rng)
     trials = num_prompts * num_samples
     return rng.binomial(trials, np.clip(truth, 0.0, 1.0)) / trials
+
+
+# The pruning example (docs/pruning.md, tests/test_prune.py): name -> (A, B, Cmid) on a 0..16,000
+# compute axis, R0 0.3. "late" starts slowest and ends highest.
+LATE_WINNER: dict[str, tuple[float, float, float]] = {
+    "late": (0.75, 1.6, 8000.0),
+    "fast-low": (0.55, 2.0, 1500.0),
+    "mid": (0.62, 1.9, 2500.0),
+    "low": (0.50, 1.8, 3000.0),
+}
+LATE_WINNER_COMPUTE = np.linspace(0, 16000, 81)
+
+
+def late_winner_sweep(seed: int = 0, seeds: int = 2) -> dict[str, list[tuple[NDArray[np.float64], NDArray[np.float64]]]]:
+    """The pruning example's curves: `seeds` noisy runs of each LATE_WINNER configuration."""
+    rng = np.random.default_rng(seed)
+    c = LATE_WINNER_COMPUTE
+    return {k: [(c, noisy_curve(c, *v, 0.3, rng=rng)) for _ in range(seeds)] for k, v in LATE_WINNER.items()}

@@ -12,23 +12,16 @@ from click.testing import CliRunner
 
 from analysis.pruning import PrunePolicy, judge, simulate, simulate_current
 from analysis.report.prune import live_judgment, run_progress
-from analysis.synthetic import noisy_curve
+from analysis.synthetic import LATE_WINNER_COMPUTE, late_winner_sweep
 from conftest import add_curve_run
 from launcher.cli import cli
 from store import NewRun, RunState, Store
 
-COMPUTE = np.linspace(0, 16000, 81)
-CONFIGS = {  # A, B, Cmid: "late" starts slowest and ends highest
-    "late": (0.75, 1.6, 8000.0),
-    "fast-low": (0.55, 2.0, 1500.0),
-    "mid": (0.62, 1.9, 2500.0),
-    "low": (0.50, 1.8, 3000.0),
-}
+COMPUTE = LATE_WINNER_COMPUTE
 
 
 def curves(seed: int = 0) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
-    rng = np.random.default_rng(seed)
-    return {k: [(COMPUTE, noisy_curve(COMPUTE, *v, 0.3, rng=rng)) for _ in range(2)] for k, v in CONFIGS.items()}
+    return late_winner_sweep(seed)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
