@@ -164,15 +164,18 @@ def test_grid_runs_as_job_arrays_and_status_asks_slurm_once(slurm_cluster, sweep
         assert_clean_curve(store, r["run"])
 
 
+@pytest.mark.timeout(1800)
 def test_requeue_usr2_time_limit_and_sigkill_all_end_completed_from_checkpoints(slurm_cluster, sweep_file, pg_url):
     """Four disruptions at once, each on its own run: `scontrol requeue`, `scancel --signal=USR2`,
-    a real 2-minute time limit (USR2 60 s before it; Slurm may send it up to 60 s earlier, so the
-    run, ~90 s of training or more, is cut at least once), and a
-    SIGKILL followed by `--retry-failed`."""
+    a real 2-minute time limit (USR2 60 s before it; Slurm may send it up to 60 s earlier, so an
+    attempt trains for at most ~60 s), and a SIGKILL followed by `--retry-failed`. The time-limited
+    run has 12,000 steps: 2-3 minutes of training at the ~70-130 steps/s this tiny config runs on a
+    quiet machine, so it is cut at least once however fast the recipe gets (4,000 steps once
+    finished inside the first attempt's minute)."""
     db = pg_url
     grid = sweep_file(tiny("disrupt", 600, "grid:\n  loss.type: [cispo, grpo, dapo]"))
     limited = sweep_file(
-        tiny("limited", 4000, "resources: {timeout_min: 2, signal_delay_s: 60}"),
+        tiny("limited", 12000, "resources: {timeout_min: 2, signal_delay_s: 60}"),
         name="limited.yaml",
     )
     for path in (grid, limited):
@@ -200,7 +203,7 @@ def test_requeue_usr2_time_limit_and_sigkill_all_end_completed_from_checkpoints(
     assert code == 0 and "1 submitted" in out, out
 
     for name in ("disrupt", "limited"):
-        runs = wait_ended(db, name, timeout_s=600)
+        runs = wait_ended(db, name, timeout_s=900)
         assert [r["state"] for r in runs] == ["completed"] * len(runs), runs
     for run_id in (requeued, usr2, killed, store.runs("limited")[0].id):
         attempts = store.attempts(run_id)
