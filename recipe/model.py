@@ -16,6 +16,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
+from recipe.lean import lean_llama
 from recipe.precision import upcast_lm_head
 
 # Job logs are files; a model of a few shards only adds progress-bar noise to them.
@@ -100,6 +101,10 @@ def completion_logprobs(
     """
     num_new = tokens_BT.shape[1]
     input_ids = torch.cat([prompt_ids_BP, tokens_BT[:, :-1]], dim=1)
+    lean = lean_llama(model) if prompt_mask_BP is None else None
+    if lean is not None:  # the model's own forward, bit for bit, in fewer calls (recipe.lean)
+        logits_BTV = lean.logits(input_ids, num_new).float()
+        return torch.log_softmax(logits_BTV, dim=-1).gather(-1, tokens_BT[:, :, None]).squeeze(-1)
     padded = {}
     if prompt_mask_BP is not None:
         mask_BT = torch.cat([prompt_mask_BP, prompt_mask_BP.new_ones(tokens_BT.shape[0], num_new - 1)], dim=1)

