@@ -77,6 +77,7 @@ from recipe.model import load_policy, matmul_param_count
 from recipe.sampler import Completions, Interrupt, InterruptRule, decode, sample
 from recipe.sink import Sink
 from recipe.tasks import Task, load_task
+from recipe.waits import WaitWatch
 
 EVAL_CHUNK = 4096
 """Held-out sequences sampled in one batch: bounds the KV cache's memory."""
@@ -244,22 +245,29 @@ def _loop(
     resumed_from: int | None,
 ) -> TrainOutcome:
     cfg = state.cfg
+    watch = WaitWatch(log)  # a phase that waits off the CPU for long is named in the log
     if resumed_from is None:
-        report_eval(state, sink, log)
+        with watch.phase("evaluation and its report", state.step):
+            report_eval(state, sink, log)
     while finish_reason(state) is None:
         try:
-            metrics = train_step(state, source)
+            with watch.phase("train step", state.step + 1):
+                metrics = train_step(state, source)
         except StopBeforeStep as reason:
             save_checkpoint(state, run_dir, sink)  # at the last step taken: the curve resumes clean
             log(f"stopped at step {state.step} on request ({reason}); checkpoint saved")
             return TrainOutcome(state.step, "stopped", resumed_from)
-        sink.train_metrics(state.step, metrics)
+        metrics["wait_seconds"] = watch.take()  # since the previous step's metrics
+        with watch.phase("train metrics report", state.step):
+            sink.train_metrics(state.step, metrics)
         final = finish_reason(state) is not None
         if final or is_eval_step(state.step, cfg):
-            report_eval(state, sink, log)
+            with watch.phase("evaluation and its report", state.step):
+                report_eval(state, sink, log)
         stop = not final and should_stop()
         if final or stop or state.step % cfg.checkpoint.every == 0:
-            save_checkpoint(state, run_dir, sink)
+            with watch.phase("checkpoint", state.step):
+                save_checkpoint(state, run_dir, sink)
         if stop:
             log(f"stopped at step {state.step} on request; checkpoint saved")
             return TrainOutcome(state.step, "stopped", resumed_from)
