@@ -275,15 +275,25 @@ def _record_end(store: Store, slot: Slot) -> None:
             slot.job.result()
             return
         except Exception as exc:  # noqa: BLE001 - any failure of the job is reported, not raised
-            cause = _failure_cause(exc)
+            cause = failure_cause(exc)
     reason = f"{cause} (log: {slot.job.paths.stderr})"
     state = RunState.CANCELLED if store.get_run(run_id).state == RunState.CANCELLED else RunState.FAILED
     if store.settle_attempt(slot.attempt.id, state, reason):
         print(f"run {run_id} {state}: {reason}", flush=True)
 
 
-def _failure_cause(exc: BaseException) -> str:
+TRACEBACK = "Traceback (most recent call last):"
+
+
+def failure_cause(exc: BaseException) -> str:
+    """One line saying why a job failed. submitit's error wraps the job's traceback in dashed
+    rules and ends with the log paths: the cause is the exception line of the last traceback
+    ("ModuleNotFoundError: No module named 'zmq'"), not the text's last line."""
     text = str(exc).strip()
+    if TRACEBACK in text:
+        for line in text.rsplit(TRACEBACK, 1)[1].splitlines():
+            if line.strip() and not line[0].isspace() and set(line.strip()) != {"-"}:
+                return line.strip()
     lines = [line for line in text.splitlines() if line.strip()]
     return lines[-1].strip() if lines else type(exc).__name__
 

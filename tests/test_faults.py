@@ -479,3 +479,19 @@ def test_training_resumes_from_an_older_checkpoint_when_the_newest_does_not_fit(
     assert outcome.resumed_from_step == 6 and outcome.final_step == 10
     assert any("skipping checkpoint" in m and "step_00000008.pt" in m and name in m for m in logs), logs
     assert newest.with_name("step_00000008.pt.corrupt").exists()
+
+
+def test_a_local_job_failing_in_its_imports_is_reported_by_its_exception_line(tmp_path):
+    """submitit's error ends with the log paths; the cause a user sees is the traceback's exception line."""
+    import importlib
+
+    import submitit
+
+    from launcher.local import failure_cause
+
+    executor = submitit.LocalExecutor(folder=tmp_path / "logs")
+    job = executor.submit(importlib.import_module, "scalesweep_no_such_module")
+    with pytest.raises(Exception) as raised:
+        job.result()
+    assert failure_cause(raised.value) == "ModuleNotFoundError: No module named 'scalesweep_no_such_module'"
+    assert failure_cause(RuntimeError("plain\nlast line")) == "last line"
