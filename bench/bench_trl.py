@@ -14,8 +14,13 @@ checkpointing, fp32, no eval, no saving, no reporting, no completion logging, HF
 (use_vllm=False), its reward function the project's sort6 scorer (`recipe.tasks.reward`, on the
 decoded completion with its EOS).
 
-Rounds alternate recipe, TRL, recipe, TRL, ...: each round builds a fresh trainer on each side,
-runs `--warmup` untimed steps and then `--steps` timed ones; the table gives the medians over
+The recipe runs twice per round: with `engine.kernels=reference` (the default: its training is
+transformers' forward and torch's AdamW bit for bit) and with `engine.kernels=fast` (each prompt
+computed once for its group in the trainer's pass, the fused AdamW: the same math, rounded
+differently). Sampling is the same in both.
+
+Rounds alternate recipe, recipe-fast, TRL, recipe, ...: each round builds a fresh trainer on each
+side, runs `--warmup` untimed steps and then `--steps` timed ones; the table gives the medians over
 rounds. Nothing is downloaded (HF_HUB_OFFLINE=1; the dataset is built in memory). Prints a
 Markdown table.
 """
@@ -52,11 +57,17 @@ from recipe.sink import MemorySink  # noqa: E402
 MODEL = "builtin:sort6-tiny"
 PROMPTS, GENERATIONS = 8, 8
 LR = 1e-4
+SIDES = {
+    "recipe": "recipe (`train.train_step`, engine.kernels=reference)",
+    "recipe-fast": "recipe (`train.train_step`, engine.kernels=fast)",
+    "trl": "TRL `GRPOTrainer`",
+}
 
 
-def recipe_config() -> object:
+def recipe_config(kernels: str = "reference") -> object:
     return resolve(
         {
+            "engine.kernels": kernels,
             "model.path": MODEL,
             "data.task": "sort6",
             "data.num_train_prompts": 4096,
@@ -80,9 +91,9 @@ def recipe_config() -> object:
     )
 
 
-def time_recipe(steps: int, warmup: int) -> float:
+def time_recipe(steps: int, warmup: int, kernels: str = "reference") -> float:
     """Seconds for `steps` recipe steps (after `warmup` untimed ones), a fresh run state."""
-    cfg = recipe_config()
+    cfg = recipe_config(kernels)
     task = tasks.load_task(cfg.data)  # type: ignore[attr-defined]
     state = train.initial_state(cfg, task, train.generation_cap(cfg, task, lambda _: None), lambda _: None)  # type: ignore[arg-type]
     source = train.LocalRollouts()
@@ -184,23 +195,33 @@ def time_trl(steps: int, warmup: int, out_dir: str) -> float:
     return clock.ends[-1] - clock.ends[warmup - 1]
 
 
+def _trl_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trl")
+    except PackageNotFoundError:
+        return "not installed"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=40, help="timed steps per round and side")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps per round and side (>= 1)")
-    parser.add_argument("--only", choices=["recipe", "trl"], default=None, help="time one side only")
+    parser.add_argument("--only", choices=SIDES, default=None, help="time one side only")
     args = parser.parse_args()
     torch.set_num_threads(1)
     resolve_model_dir(MODEL, print)  # build once, outside the timings
-    seconds: dict[str, list[float]] = {"recipe": [], "trl": []}
-    sides = [args.only] if args.only else ["recipe", "trl"]
+    sides = [args.only] if args.only else list(SIDES)
+    seconds: dict[str, list[float]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory() as out_dir:
         for round_ in range(args.rounds):
             for side in sides:
-                elapsed = time_recipe(args.steps, args.warmup) if side == "recipe" else time_trl(
-                    args.steps, args.warmup, out_dir
-                )
+                if side == "trl":
+                    elapsed = time_trl(args.steps, args.warmup, out_dir)
+                else:
+                    elapsed = time_recipe(args.steps, args.warmup, "fast" if side == "recipe-fast" else "reference")
                 seconds[side].append(elapsed)
                 print(f"round {round_ + 1} {side}: {args.steps / elapsed:.1f} steps/s", file=sys.stderr)
     completions = PROMPTS * GENERATIONS
@@ -209,7 +230,8 @@ def main() -> None:
         steps_per_s = [args.steps / s for s in seconds[side]]
         rows[side] = statistics.median(steps_per_s), min(steps_per_s), max(steps_per_s)
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    print(f"{date.today()}, {platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread")
+    machine = platform.processor() or platform.machine()
+    print(f"{date.today()}, {machine}, torch {torch.__version__}, TRL {_trl_version()}, 1 thread")
     print(f"load: {load}")
     print(f"{args.rounds} alternating rounds x {args.steps} timed steps ({args.warmup} warm-up) per side\n")
     print("| side | steps/s (median) | completions/s (median) | steps/s range | vs TRL |")
@@ -217,7 +239,7 @@ def main() -> None:
     trl_median = rows["trl"][0] if "trl" in rows else None
     for side in sides:
         median, low, high = rows[side]
-        name = "recipe (`train.train_step`)" if side == "recipe" else "TRL 1.16.0 `GRPOTrainer`"
+        name = SIDES[side]
         ratio = f"{median / trl_median:.2f}x" if trl_median else "-"
         print(f"| {name} | {median:.1f} | {median * completions:.0f} | {low:.1f}-{high:.1f} | {ratio} |")
 

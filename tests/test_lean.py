@@ -172,6 +172,72 @@ def test_what_it_cannot_reproduce_takes_the_transformers_path():
     assert lean_llama(replaced) is None
 
 
+def groups_of(sizes):
+    """Prompt rows in runs of the given sizes (consecutive runs differ)."""
+    _, prompts = tasks.sort6_prompt_sets(1, len(sizes))
+    tokenizer = build_tokenizer(tasks.VOCABULARY, eos=tasks.EOS, pad=tasks.PAD)
+    ids = tokenizer(prompts, return_tensors="pt").input_ids
+    return ids.repeat_interleave(torch.tensor(sizes), dim=0)
+
+
+def test_row_groups_find_runs_of_equal_rows():
+    uniform = lean.RowGroups.of(groups_of([4, 4, 4]))
+    assert uniform.size == 4 and uniform.first_U.tolist() == [0, 4, 8]
+    assert uniform.rows_B.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    mixed = lean.RowGroups.of(groups_of([3, 1, 2]))
+    assert mixed.size is None and mixed.first_U.tolist() == [0, 3, 4]
+    assert mixed.rows_B.tolist() == [0, 0, 0, 1, 2, 2]
+    values = torch.arange(6.0).view(3, 2)
+    assert torch.equal(mixed.spread(values), values[[0, 0, 0, 1, 2, 2]])
+    assert torch.equal(uniform.spread(values), values.repeat_interleave(4, dim=0))
+    assert lean.RowGroups.of(groups_of([1, 1, 1])) is None  # nothing repeats: nothing to share
+    assert lean.RowGroups.of(groups_of([1])) is None
+
+
+@pytest.mark.parametrize("sizes", [[4, 4, 4, 4], [3, 1, 5, 2]], ids=["uniform", "mixed"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_shared_prefill_is_the_whole_prefill_bit_for_bit(shape, precision, sizes):
+    model, _ = sort6_policy(shape, precision)
+    ids = groups_of(sizes)
+    forward = lean_llama(model)
+    with torch.no_grad():
+        whole = forward.new_cache()
+        want = forward.extend(whole, ids, 1)
+        shared = forward.new_cache(capacity=ids.shape[1] + 3)
+        got = forward.prefill_shared(shared, ids, lean.RowGroups.of(ids))
+    assert torch.equal(got, want)
+    assert shared.length == whole.length == ids.shape[1]
+    for index in range(len(forward.layers)):
+        assert torch.equal(shared.keys[index][:, :, : shared.length], whole.keys[index])
+        assert torch.equal(shared.values[index][:, :, : shared.length], whole.values[index])
+
+
+def test_the_sampling_cache_refuses_a_position_beyond_its_capacity():
+    model, _ = sort6_policy()
+    forward = lean_llama(model)
+    ids = groups_of([1, 1])
+    cache = forward.new_cache(capacity=ids.shape[1] + 1)
+    with torch.no_grad():
+        forward.extend(cache, ids, 1)
+        forward.extend(cache, ids[:, :1])
+        with pytest.raises(ValueError, match="holds 9 positions; position 9 was written"):
+            forward.extend(cache, ids[:, :1])
+
+
+def test_sampled_tensors_are_ordinary_and_can_be_trained_on():
+    """Sampling runs in inference mode; what it returns must still work with autograd."""
+    model, tokenizer = sort6_policy()
+    ids = groups_of([4, 4])
+    out = sample(model, ids, max_new_tokens=7, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                 generator=torch.Generator().manual_seed(0))  # fmt: skip
+    for tensor in (out.tokens_BT, out.logp_BT, out.mask_BT, out.finished_B):
+        assert not tensor.is_inference()
+    logp = completion_logprobs(model, ids, out.tokens_BT, shared_prefix=True)
+    (logp * out.mask_BT).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
 # ---------------------------------------------------------------------------------------------
 # The trainer's forward and backward
 
@@ -194,6 +260,35 @@ def test_completion_logprobs_and_gradients_are_transformers_bit_for_bit(monkeypa
     got, got_grads = once()
     assert torch.equal(got, want)
     assert all(torch.equal(g, w) for g, w in zip(got_grads, want_grads, strict=True))
+
+
+@pytest.mark.parametrize("sizes", [[8, 8, 8, 8], [5, 8, 2, 1]], ids=["uniform", "mixed"])
+@pytest.mark.parametrize("precision", ["fp32", "fp32-head32"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_shared_prefix_computes_the_same_logprobs_and_gradients(monkeypatch, shape, precision, sizes):
+    """engine.kernels=fast: each prompt once for its group; the same function up to fp32 rounding."""
+    model, tokenizer = sort6_policy(shape, precision)
+    prompt_ids = groups_of(sizes)
+    tokens = torch.randint(0, len(tokenizer), (prompt_ids.shape[0], 7), generator=torch.Generator().manual_seed(0))
+    weights = torch.randn(tokens.shape, generator=torch.Generator().manual_seed(1))
+    calls = []
+    shared = lean.LeanLlama.shared_prefix_logits
+    monkeypatch.setattr(lean.LeanLlama, "shared_prefix_logits", lambda *a: calls.append(1) or shared(*a))
+
+    def once(shared_prefix):
+        model.zero_grad(set_to_none=True)
+        logp = completion_logprobs(model, prompt_ids, tokens, shared_prefix=shared_prefix)
+        (logp * weights).sum().backward()
+        return logp.detach(), [p.grad.clone() for p in model.parameters()]
+
+    want, want_grads = once(False)
+    assert not calls
+    got, got_grads = once(True)
+    assert calls == [1]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for g, w in zip(got_grads, want_grads, strict=True):  # each within fp32 rounding of its largest entry
+        assert float((g - w).abs().max()) <= 1e-5 * float(w.abs().max())
+    assert any(not torch.equal(g, w) for g, w in zip(got_grads, want_grads)), "it should not be the reference path"
 
 
 def test_the_lean_path_reads_weights_loaded_after_it_was_built(monkeypatch):
@@ -307,6 +402,39 @@ def test_training_steps_are_transformers_bit_for_bit(monkeypatch, model_dirs, ta
         assert all(torch.equal(state[name], got_opt["state"][key][name]) for name in state)
     initial = train.initial_state(cfg, load_task(cfg.data), 7, lambda _: None).model.state_dict()
     assert not all(torch.equal(got_weights[k], initial[k]) for k in got_weights), "the steps should have trained"
+
+
+@pytest.mark.parametrize("task", ["sort6", "sumk"])
+def test_fast_kernels_take_the_reference_step_up_to_rounding(monkeypatch, model_dirs, task):
+    """One step of engine.kernels=fast from the same weights: the same sampled batch (sampling is
+    the same in both), the same loss and gradient norm, the same update, up to fp32 rounding."""
+    base = {
+        "model.path": str(model_dirs[task]),
+        "data.task": task,
+        "data.num_train_prompts": 200,
+        "data.num_valid_prompts": 8,
+        "batch.prompts": 4,
+        "batch.generations": 4,
+        "optim.lr": 3e-3,
+        "optim.warmup_steps": 0,
+        "filter.zero_variance": False,
+        "engine.generator": "torch",
+        "engine.trainer": "torch",
+    }
+    calls = []
+    shared = lean.LeanLlama.shared_prefix_logits
+    monkeypatch.setattr(lean.LeanLlama, "shared_prefix_logits", lambda *a: calls.append(1) or shared(*a))
+    want_state, (want,) = run_steps(resolve(base | {"engine.kernels": "reference"}), 1)
+    assert not calls and not want_state.trainer.optimizer.defaults["fused"]
+    got_state, (got,) = run_steps(resolve(base | {"engine.kernels": "fast"}), 1)
+    assert calls == [1] and got_state.trainer.optimizer.defaults["fused"]
+    assert got["reward_mean"] == want["reward_mean"] and want["grad_norm"] > 0
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-4, abs=1e-6)
+    assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+    lr = base["optim.lr"]
+    want_weights, got_weights = want_state.model.state_dict(), got_state.model.state_dict()
+    for name, weight in want_weights.items():
+        torch.testing.assert_close(got_weights[name], weight, rtol=0, atol=lr * 0.05)
 
 
 def test_the_lean_forward_does_not_keep_its_model_alive():

@@ -39,6 +39,7 @@ CASES = [
     ("huge seed", "name: a\nseeds: [100000000000000000000000]\n", [], ["seeds", "100000000000000000000000", "4294967295"]),
     ("huge step budget", "name: a\nbudget: {steps: 100000000000000000000}\n", [], ["budget.steps", "100000000000000000000"]),
     ("literal typo", "name: a\nrecipe: {loss: {type: cispoo}}\n", [], ["recipe.loss.type", "cispoo", "did you mean 'cispo'"]),
+    ("kernels typo", "name: a\ngrid: {engine.kernels: [reference, fats]}\n", [], ["engine.kernels", "fats", "did you mean 'fast'"]),
     # keys that used to be ignored or rewritten
     ("recipe seed", "name: a\nrecipe: {seed: 7}\n", [], ["recipe.seed", "7", "seeds"]),
     ("seed axis", "name: a\ngrid: {seed: [1, 2]}\n", [], ["grid.seed", "seeds"]),

@@ -28,15 +28,24 @@ from recipe.model import completion_logprobs
 
 
 def shard_loss(
-    model: torch.nn.Module, loss_cfg: LossConfig, batch: TrainBatch, rank: int, world_size: int
+    model: torch.nn.Module,
+    loss_cfg: LossConfig,
+    batch: TrainBatch,
+    rank: int,
+    world_size: int,
+    *,
+    shared_prefix: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, TrainBatch] | None:
     """Rank `rank`'s part of the whole batch's loss, its trainer log-probs and its share; None
-    when the share is empty. Summed over ranks, the parts are the whole batch's loss."""
+    when the share is empty. Summed over ranks, the parts are the whole batch's loss.
+    shared_prefix: a group's rows share one pass over their prompt (`engine.kernels=fast`)."""
     counts = batch_counts(batch.mask_BT, batch.group_size)  # whole-batch counts: the split cannot change them
     part = batch.shard(rank, world_size)
     if part.tokens_BT.shape[0] == 0:
         return None
-    logp_BT = completion_logprobs(model, part.prompt_ids_BP, part.tokens_BT, part.prompt_mask_BP)
+    logp_BT = completion_logprobs(
+        model, part.prompt_ids_BP, part.tokens_BT, part.prompt_mask_BP, shared_prefix=shared_prefix
+    )
     loss = policy_loss(
         loss_cfg,
         logp_BT,
@@ -98,8 +107,10 @@ class TorchTrainer:
         *,
         max_grad_norm: float | None,
         group: dist.ProcessGroup | None = None,
+        shared_prefix: bool = False,
     ) -> None:
         self.model, self.optimizer, self.loss_cfg = model, optimizer, loss_cfg
+        self.shared_prefix = shared_prefix
         self.max_grad_norm = max_grad_norm or math.inf
         self.group = group
         distributed = group is not None or (dist.is_available() and dist.is_initialized())
@@ -111,7 +122,9 @@ class TorchTrainer:
     def step(self, batch: TrainBatch, *, lr: float) -> dict[str, float]:
         batch = batch_to(batch, next(self.model.parameters()).device)
         self.optimizer.zero_grad(set_to_none=True)
-        result = shard_loss(self.model, self.loss_cfg, batch, self.rank, self.world_size)
+        result = shard_loss(
+            self.model, self.loss_cfg, batch, self.rank, self.world_size, shared_prefix=self.shared_prefix
+        )
         if result is not None:
             result[0].backward()
         if self.world_size > 1:
