@@ -262,14 +262,16 @@ def test_completion_logprobs_and_gradients_are_transformers_bit_for_bit(monkeypa
     assert all(torch.equal(g, w) for g, w in zip(got_grads, want_grads, strict=True))
 
 
+@pytest.mark.parametrize("num_new", [7, 1])
 @pytest.mark.parametrize("sizes", [[8, 8, 8, 8], [5, 8, 2, 1]], ids=["uniform", "mixed"])
 @pytest.mark.parametrize("precision", ["fp32", "fp32-head32"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_a_shared_prefix_computes_the_same_logprobs_and_gradients(monkeypatch, shape, precision, sizes):
+def test_a_shared_prefix_computes_the_same_logprobs_and_gradients(monkeypatch, shape, precision, sizes, num_new):
     """engine.kernels=fast: each prompt once for its group; the same function up to fp32 rounding."""
     model, tokenizer = sort6_policy(shape, precision)
     prompt_ids = groups_of(sizes)
-    tokens = torch.randint(0, len(tokenizer), (prompt_ids.shape[0], 7), generator=torch.Generator().manual_seed(0))
+    shape_BT = (prompt_ids.shape[0], num_new)
+    tokens = torch.randint(0, len(tokenizer), shape_BT, generator=torch.Generator().manual_seed(0))
     weights = torch.randn(tokens.shape, generator=torch.Generator().manual_seed(1))
     calls = []
     shared = lean.LeanLlama.shared_prefix_logits
@@ -288,7 +290,8 @@ def test_a_shared_prefix_computes_the_same_logprobs_and_gradients(monkeypatch, s
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     for g, w in zip(got_grads, want_grads, strict=True):  # each within fp32 rounding of its largest entry
         assert float((g - w).abs().max()) <= 1e-5 * float(w.abs().max())
-    assert any(not torch.equal(g, w) for g, w in zip(got_grads, want_grads)), "it should not be the reference path"
+    if num_new > 1:  # one new token: only the prompt's pass, which may well round the same
+        assert any(not torch.equal(g, w) for g, w in zip(got_grads, want_grads)), "it should not be the reference path"
 
 
 def test_the_lean_path_reads_weights_loaded_after_it_was_built(monkeypatch):
