@@ -360,8 +360,19 @@ class LeanLlama:
         cache: LeanCache | None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        hidden = self._embed(input_ids)
+        start = 0 if cache is None else cache.length
+        cos, sin = self._rope(start, input_ids.shape[1], hidden.dtype, hidden.device)
+        for index, layer in enumerate(self.layers):
+            hidden = self._layer(layer, hidden, cos, sin, cache, index, mask)
+        if cache is not None:
+            cache.length += input_ids.shape[1]
+        return self._rms(self.norm, hidden)
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """`nn.Embedding.forward` of the input table (its padding row gets no gradient)."""
         embed = self.embed
-        hidden = F.embedding(
+        return F.embedding(
             input_ids,
             embed._parameters["weight"],
             embed.padding_idx,
@@ -370,13 +381,6 @@ class LeanLlama:
             embed.scale_grad_by_freq,
             embed.sparse,
         )
-        start = 0 if cache is None else cache.length
-        cos, sin = self._rope(start, input_ids.shape[1], hidden.dtype, hidden.device)
-        for index, layer in enumerate(self.layers):
-            hidden = self._layer(layer, hidden, cos, sin, cache, index, mask)
-        if cache is not None:
-            cache.length += input_ids.shape[1]
-        return self._rms(self.norm, hidden)
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.head
@@ -439,12 +443,7 @@ class LeanLlama:
         (num_groups, prompt_len), (num_rows, num_new) = prompt_UP.shape, tokens_BT.shape
         new_len, split = num_new - 1, num_groups * prompt_len  # completion inputs per row; prompt positions
         device = tokens_BT.device
-        embed = self.embed
-        hidden = F.embedding(
-            torch.cat([prompt_UP.reshape(-1), tokens_BT[:, :-1].reshape(-1)]),
-            embed._parameters["weight"], embed.padding_idx, embed.max_norm, embed.norm_type,
-            embed.scale_grad_by_freq, embed.sparse,
-        )  # fmt: skip
+        hidden = self._embed(torch.cat([prompt_UP.reshape(-1), tokens_BT[:, :-1].reshape(-1)]))
         positions = torch.cat(
             [
                 torch.arange(prompt_len, device=device).repeat(num_groups),

@@ -109,16 +109,15 @@ def completion_logprobs(
     lean = lean_llama(model) if prompt_mask_BP is None else None
     groups = RowGroups.of(prompt_ids_BP) if lean is not None and shared_prefix else None
     if groups is not None:
-        logits_BTV = lean.shared_prefix_logits(prompt_ids_BP, tokens_BT, groups).float()
-        return torch.log_softmax(logits_BTV, dim=-1).gather(-1, tokens_BT[:, :, None]).squeeze(-1)
-    input_ids = torch.cat([prompt_ids_BP, tokens_BT[:, :-1]], dim=1)
-    if lean is not None:  # the model's own forward, bit for bit, in fewer calls (recipe.lean)
-        logits_BTV = lean.logits(input_ids, num_new).float()
-        return torch.log_softmax(logits_BTV, dim=-1).gather(-1, tokens_BT[:, :, None]).squeeze(-1)
-    padded = {}
-    if prompt_mask_BP is not None:
-        mask_BT = torch.cat([prompt_mask_BP, prompt_mask_BP.new_ones(tokens_BT.shape[0], num_new - 1)], dim=1)
-        attention_BT = mask_BT.long()
-        padded = {"attention_mask": attention_BT, "position_ids": (attention_BT.cumsum(dim=1) - 1).clamp(min=0)}
-    logits_BTV = model(input_ids=input_ids, logits_to_keep=num_new, **padded).logits.float()
-    return torch.log_softmax(logits_BTV, dim=-1).gather(-1, tokens_BT[:, :, None]).squeeze(-1)
+        logits_BTV = lean.shared_prefix_logits(prompt_ids_BP, tokens_BT, groups)
+    elif lean is not None:  # the model's own forward, bit for bit, in fewer calls (recipe.lean)
+        logits_BTV = lean.logits(torch.cat([prompt_ids_BP, tokens_BT[:, :-1]], dim=1), num_new)
+    else:
+        padded = {}
+        if prompt_mask_BP is not None:
+            mask_BT = torch.cat([prompt_mask_BP, prompt_mask_BP.new_ones(tokens_BT.shape[0], num_new - 1)], dim=1)
+            attention_BT = mask_BT.long()
+            padded = {"attention_mask": attention_BT, "position_ids": (attention_BT.cumsum(dim=1) - 1).clamp(min=0)}
+        input_ids = torch.cat([prompt_ids_BP, tokens_BT[:, :-1]], dim=1)
+        logits_BTV = model(input_ids=input_ids, logits_to_keep=num_new, **padded).logits
+    return torch.log_softmax(logits_BTV.float(), dim=-1).gather(-1, tokens_BT[:, :, None]).squeeze(-1)
