@@ -529,18 +529,13 @@ def uses_deepspeed(cfg: RecipeConfig) -> bool:
 def build_trainer(cfg: RecipeConfig, model: PreTrainedModel, optimizer: torch.optim.Optimizer) -> Trainer:
     """`engine.trainer`'s engine (auto: DeepSpeed with CUDA, torch without) on this rank's share of
     the trainers' group (if there is one; the DeepSpeed trainer makes a one-rank group if not)."""
-    shared_prefix = cfg.engine.kernels == "fast"
-    if uses_deepspeed(cfg):
+    if uses_deepspeed(cfg):  # engine.kernels=fast is the torch trainer's: DeepSpeed computes as reference
         from recipe.engines.deepspeed_trainer import DeepspeedTrainer  # imports deepspeed: only when asked for
 
         return DeepspeedTrainer(
-            model,
-            optimizer,
-            cfg.loss,
-            max_grad_norm=cfg.optim.max_grad_norm,
-            zero_stage=cfg.engine.zero_stage,
-            shared_prefix=shared_prefix,
+            model, optimizer, cfg.loss, max_grad_norm=cfg.optim.max_grad_norm, zero_stage=cfg.engine.zero_stage
         )
+    shared_prefix = cfg.engine.kernels == "fast"
     return TorchTrainer(model, optimizer, cfg.loss, max_grad_norm=cfg.optim.max_grad_norm, shared_prefix=shared_prefix)
 
 

@@ -251,9 +251,8 @@ def test_a_torch_checkpoint_resumes_on_the_deepspeed_trainer_and_back(torch_one_
 
 
 def test_fast_kernels_leave_the_deepspeed_trainer_as_it_is(monkeypatch):
-    """engine.kernels=fast shares prompts through the lean forward, which a DeepSpeed engine's
-    module (hooked by DeepSpeed) does not take, and keeps DeepSpeed's unfused AdamW: the step is
-    the reference step, bit for bit, not a partial mix."""
+    """engine.kernels=fast is the torch trainer's: the DeepSpeed trainer shares no prompt and keeps
+    its unfused AdamW, so the step is the reference step, bit for bit, not a partial mix."""
     from recipe import lean
 
     calls = []

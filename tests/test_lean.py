@@ -172,6 +172,14 @@ def test_what_it_cannot_reproduce_takes_the_transformers_path():
     assert lean_llama(replaced) is None
 
 
+def count_shared_prefix_calls(monkeypatch):
+    """A list that gets an entry at every call of the trainer's shared-prefix pass."""
+    calls = []
+    shared = lean.LeanLlama.shared_prefix_logits
+    monkeypatch.setattr(lean.LeanLlama, "shared_prefix_logits", lambda *a: calls.append(1) or shared(*a))
+    return calls
+
+
 def groups_of(sizes):
     """Prompt rows in runs of the given sizes (consecutive runs differ)."""
     _, prompts = tasks.sort6_prompt_sets(1, len(sizes))
@@ -273,9 +281,7 @@ def test_a_shared_prefix_computes_the_same_logprobs_and_gradients(monkeypatch, s
     shape_BT = (prompt_ids.shape[0], num_new)
     tokens = torch.randint(0, len(tokenizer), shape_BT, generator=torch.Generator().manual_seed(0))
     weights = torch.randn(tokens.shape, generator=torch.Generator().manual_seed(1))
-    calls = []
-    shared = lean.LeanLlama.shared_prefix_logits
-    monkeypatch.setattr(lean.LeanLlama, "shared_prefix_logits", lambda *a: calls.append(1) or shared(*a))
+    calls = count_shared_prefix_calls(monkeypatch)
 
     def once(shared_prefix):
         model.zero_grad(set_to_none=True)
@@ -352,6 +358,26 @@ def varied_reward(prompts, completions):
     return [float(len(c.split()) % 3 == 0) for c in completions]
 
 
+def step_config(model_dirs, task, overrides):
+    """A few small training steps of `task` on its random tiny model (every row gets a gradient)."""
+    return resolve(
+        {
+            "model.path": str(model_dirs[task]),
+            "data.task": task,
+            "data.num_train_prompts": 200,
+            "data.num_valid_prompts": 8,
+            "batch.prompts": 4,
+            "batch.generations": 4,
+            "optim.lr": 3e-3,
+            "optim.warmup_steps": 0,
+            "filter.zero_variance": False,
+            "engine.generator": "torch",
+            "engine.trainer": "torch",
+        }
+        | overrides
+    )
+
+
 def run_steps(cfg, num_steps):
     task = load_task(cfg.data)
     state = train.initial_state(cfg, task, train.generation_cap(cfg, task, lambda _: None), lambda _: None)
@@ -372,22 +398,7 @@ def run_steps(cfg, num_steps):
     ],
 )
 def test_training_steps_are_transformers_bit_for_bit(monkeypatch, model_dirs, task, overrides):
-    cfg = resolve(
-        {
-            "model.path": str(model_dirs[task]),
-            "data.task": task,
-            "data.num_train_prompts": 200,
-            "data.num_valid_prompts": 8,
-            "batch.prompts": 4,
-            "batch.generations": 4,
-            "optim.lr": 3e-3,
-            "optim.warmup_steps": 0,
-            "filter.zero_variance": False,
-            "engine.generator": "torch",
-            "engine.trainer": "torch",
-        }
-        | overrides
-    )
+    cfg = step_config(model_dirs, task, overrides)
     with lean_off(monkeypatch):
         want_state, want_metrics = run_steps(cfg, 4)
     got_state, got_metrics = run_steps(cfg, 4)
@@ -411,30 +422,15 @@ def test_training_steps_are_transformers_bit_for_bit(monkeypatch, model_dirs, ta
 def test_fast_kernels_take_the_reference_step_up_to_rounding(monkeypatch, model_dirs, task):
     """One step of engine.kernels=fast from the same weights: the same sampled batch (sampling is
     the same in both), the same loss and gradient norm, the same update, up to fp32 rounding."""
-    base = {
-        "model.path": str(model_dirs[task]),
-        "data.task": task,
-        "data.num_train_prompts": 200,
-        "data.num_valid_prompts": 8,
-        "batch.prompts": 4,
-        "batch.generations": 4,
-        "optim.lr": 3e-3,
-        "optim.warmup_steps": 0,
-        "filter.zero_variance": False,
-        "engine.generator": "torch",
-        "engine.trainer": "torch",
-    }
-    calls = []
-    shared = lean.LeanLlama.shared_prefix_logits
-    monkeypatch.setattr(lean.LeanLlama, "shared_prefix_logits", lambda *a: calls.append(1) or shared(*a))
-    want_state, (want,) = run_steps(resolve(base | {"engine.kernels": "reference"}), 1)
+    calls = count_shared_prefix_calls(monkeypatch)
+    want_state, (want,) = run_steps(step_config(model_dirs, task, {"engine.kernels": "reference"}), 1)
     assert not calls and not want_state.trainer.optimizer.defaults["fused"]
-    got_state, (got,) = run_steps(resolve(base | {"engine.kernels": "fast"}), 1)
+    got_state, (got,) = run_steps(step_config(model_dirs, task, {"engine.kernels": "fast"}), 1)
     assert calls == [1] and got_state.trainer.optimizer.defaults["fused"]
     assert got["reward_mean"] == want["reward_mean"] and want["grad_norm"] > 0
     assert got["loss"] == pytest.approx(want["loss"], rel=1e-4, abs=1e-6)
     assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
-    lr = base["optim.lr"]
+    lr = got_state.cfg.optim.lr
     want_weights, got_weights = want_state.model.state_dict(), got_state.model.state_dict()
     for name, weight in want_weights.items():
         torch.testing.assert_close(got_weights[name], weight, rtol=0, atol=lr * 0.05)

@@ -115,14 +115,12 @@ class DeepspeedTrainer:
         *,
         max_grad_norm: float | None,
         zero_stage: int,
-        shared_prefix: bool = False,
     ) -> None:
         if zero_stage not in ZERO_STAGES:
             raise ValueError(
                 f"engine.zero_stage={zero_stage}: the DeepSpeed trainer runs ZeRO stages {list(ZERO_STAGES)}"
             )
         self.loss_cfg, self.zero_stage = loss_cfg, zero_stage
-        self.shared_prefix = shared_prefix
         self.max_grad_norm = max_grad_norm or math.inf
         self._owned_group, self._set_env = self._ensure_group(), []
         if "LOCAL_RANK" not in os.environ:  # DeepSpeed's argument check wants it; a one-task run has none
@@ -176,9 +174,7 @@ class DeepspeedTrainer:
         batch = batch_to(batch, self.device)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        result = shard_loss(
-            self.model, self.loss_cfg, batch, self.rank, self.world_size, shared_prefix=self.shared_prefix
-        )
+        result = shard_loss(self.model, self.loss_cfg, batch, self.rank, self.world_size)
         self.engine.backward(result[0] if result is not None else self._zero_loss(batch))
         if not self.sharded:  # stage 0: the gradients are whole here, summed over the ranks
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
