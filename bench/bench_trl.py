@@ -14,10 +14,12 @@ checkpointing, fp32, no eval, no saving, no reporting, no completion logging, HF
 (use_vllm=False), its reward function the project's sort6 scorer (`recipe.tasks.reward`, on the
 decoded completion with its EOS).
 
-The recipe runs twice per round: with `engine.kernels=reference` (the default: its training is
-transformers' forward and torch's AdamW bit for bit) and with `engine.kernels=fast` (each prompt
+The recipe runs three times per round: with `engine.kernels=reference` (the default: its training
+is transformers' forward and torch's AdamW bit for bit), with `engine.kernels=fast` (each prompt
 computed once for its group in the trainer's pass, the fused AdamW: the same math, rounded
-differently). Sampling is the same in both.
+differently) and with `engine.kernels=compiled` (fast, its trainer's pass through torch.compile).
+Sampling is the same in all three. The compile happens in the first round's warm-up, which is not
+timed (as no warm-up is); its cost is printed under the table.
 
 Rounds alternate recipe, recipe-fast, TRL, recipe, ...: each round builds a fresh trainer on each
 side, runs `--warmup` untimed steps and then `--steps` timed ones; the table gives the medians over
@@ -44,6 +46,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("ACCELERATE_USE_CPU", "true")
+# A cold compile, as on a fresh machine: not the inductor cache an earlier run left in /tmp.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench-trl-inductor-"))
 warnings.filterwarnings("ignore")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -52,14 +56,15 @@ import torch  # noqa: E402
 from recipe import tasks, train  # noqa: E402
 from recipe.builtin import resolve_model_dir  # noqa: E402
 from recipe.config import resolve  # noqa: E402
-from recipe.sink import MemorySink  # noqa: E402
 
 MODEL = "builtin:sort6-tiny"
 PROMPTS, GENERATIONS = 8, 8
 LR = 1e-4
+KERNELS = {"recipe": "reference", "recipe-fast": "fast", "recipe-compiled": "compiled"}
 SIDES = {
     "recipe": "recipe (`train.train_step`, engine.kernels=reference)",
     "recipe-fast": "recipe (`train.train_step`, engine.kernels=fast)",
+    "recipe-compiled": "recipe (`train.train_step`, engine.kernels=compiled)",
     "trl": "TRL `GRPOTrainer`",
 }
 
@@ -91,18 +96,22 @@ def recipe_config(kernels: str = "reference") -> object:
     )
 
 
-def time_recipe(steps: int, warmup: int, kernels: str = "reference") -> float:
-    """Seconds for `steps` recipe steps (after `warmup` untimed ones), a fresh run state."""
+def time_recipe(steps: int, warmup: int, kernels: str = "reference") -> tuple[float, float]:
+    """Seconds for `steps` recipe steps (after `warmup` untimed ones), a fresh run state; and the
+    seconds of its first step (a compile, with engine.kernels=compiled, in the first round)."""
     cfg = recipe_config(kernels)
     task = tasks.load_task(cfg.data)  # type: ignore[attr-defined]
     state = train.initial_state(cfg, task, train.generation_cap(cfg, task, lambda _: None), lambda _: None)  # type: ignore[arg-type]
     source = train.LocalRollouts()
-    for _ in range(warmup):
+    started = time.perf_counter()
+    train.train_step(state, source)  # the first warm-up step: the compile, for compiled in round 1
+    first_step = time.perf_counter() - started
+    for _ in range(warmup - 1):
         train.train_step(state, source)
     started = time.perf_counter()
     for _ in range(steps):
         train.train_step(state, source)
-    return time.perf_counter() - started
+    return time.perf_counter() - started, first_step
 
 
 class _Clock:
@@ -215,13 +224,17 @@ def main() -> None:
     resolve_model_dir(MODEL, print)  # build once, outside the timings
     sides = [args.only] if args.only else list(SIDES)
     seconds: dict[str, list[float]] = {side: [] for side in sides}
+    first_steps: dict[str, float] = {}  # the latest round's first step, per recipe side
+    first_round_first_step: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as out_dir:
         for round_ in range(args.rounds):
             for side in sides:
                 if side == "trl":
                     elapsed = time_trl(args.steps, args.warmup, out_dir)
                 else:
-                    elapsed = time_recipe(args.steps, args.warmup, "fast" if side == "recipe-fast" else "reference")
+                    elapsed, first_steps[side] = time_recipe(args.steps, args.warmup, KERNELS[side])
+                    if round_ == 0:
+                        first_round_first_step[side] = first_steps[side]
                 seconds[side].append(elapsed)
                 print(f"round {round_ + 1} {side}: {args.steps / elapsed:.1f} steps/s", file=sys.stderr)
     completions = PROMPTS * GENERATIONS
@@ -242,6 +255,13 @@ def main() -> None:
         name = SIDES[side]
         ratio = f"{median / trl_median:.2f}x" if trl_median else "-"
         print(f"| {name} | {median:.1f} | {median * completions:.0f} | {low:.1f}-{high:.1f} | {ratio} |")
+    if "recipe-compiled" in first_round_first_step:
+        compile_s = first_round_first_step["recipe-compiled"] - first_steps["recipe-compiled"]
+        print(
+            f"\nengine.kernels=compiled: its first step took {first_round_first_step['recipe-compiled']:.1f} s in "
+            f"round 1 and {first_steps['recipe-compiled']:.2f} s in the last round: ~{compile_s:.0f} s of compile, "
+            "once per process (untimed warm-up, excluded from steps/s)"
+        )
 
 
 if __name__ == "__main__":

@@ -268,11 +268,13 @@ class EngineConfig(Section):
     zero_stage: int = bounded(2, lo=0, hi=3)
     """DeepSpeed's ZeRO stage (engine.trainer=deepspeed): 0 plain data parallel, 1 optimizer
     state, 2 + gradients, 3 + parameters sharded over the trainer ranks."""
-    kernels: Literal["reference", "fast"] = "reference"
+    kernels: Literal["reference", "fast", "compiled"] = "reference"
     """reference: the trainer's pass is transformers' Llama forward and the update torch's AdamW,
     bit for bit. fast (the torch trainer): each prompt's positions computed once for its group in
     the trainer's pass, and the fused AdamW: the same math, rounded differently (docs/decisions.md).
-    The DeepSpeed trainer computes as reference either way."""
+    compiled: fast, with that pass through torch.compile (a one-time compile per process, ~10 s on
+    the built-in models, longer on the first batch of a new shape; it pays off on long runs). The
+    DeepSpeed trainer computes as reference whatever the value."""
 
 
 @dataclass(kw_only=True)

@@ -64,6 +64,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as nn_module
 
+from recipe import compiled as compiled_kernels
+
 _LEAN: weakref.WeakKeyDictionary[torch.nn.Module, LeanLlama | None] = weakref.WeakKeyDictionary()
 
 
@@ -113,7 +115,8 @@ class LeanCache:
         if self.capacity is not None:
             if keys is None:
                 shape = (*key.shape[:2], self.capacity, key.shape[3])
-                keys, values = key.new_empty(shape), value.new_empty(shape)
+                # zeros, not empty: `decode_compiled` attends over every position, masking the unwritten
+                keys, values = key.new_zeros(shape), value.new_zeros(shape)
                 self.keys[index], self.values[index] = keys, values
             end = self.length + key.shape[2]
             if end > self.capacity:
@@ -232,6 +235,7 @@ class LeanLlama:
                 if type(linear) is not torch.nn.Linear or linear.bias is not None:
                     return
         self._structure_ok = True
+        self.spec = compiled_kernels.Spec.of(self)  # the sizes `recipe.compiled` takes
 
     def applies(self) -> bool:
         """Checked at every forward: hooks, replaced modules or forwards, attention implementation,
@@ -411,6 +415,20 @@ class LeanLlama:
         hidden = self._body(input_ids, cache)
         return self._head(hidden[:, slice(-logits_to_keep, None), :])
 
+    def decode_compiled(self, cache: LeanCache, token_B: torch.Tensor) -> torch.Tensor:
+        """`extend(cache, token_B[:, None])[:, -1]` with the step through `torch.compile`
+        (`engine.kernels=compiled`; `recipe.compiled`): the same function, rounded differently."""
+        if cache.capacity is None or cache.keys[0] is None:
+            raise ValueError("a compiled decode step needs a prefilled cache with a capacity")
+        position = cache.length
+        if position >= cache.capacity:
+            raise ValueError(f"the lean cache holds {cache.capacity} positions; position {position} was written")
+        cos, sin = self._rope(position, 1, cache.keys[0].dtype, token_B.device)
+        step, weights = compiled_kernels.compiled_decode_step(), compiled_kernels.weights(self)
+        hidden_BD = step(weights, cache.keys, cache.values, token_B, torch.tensor(position), cos, sin, self.spec)
+        cache.length += 1
+        return self._head(hidden_BD)
+
     def prefill_shared(self, cache: LeanCache, prompt_ids_BP: torch.Tensor, groups: RowGroups) -> torch.Tensor:
         """`extend(cache, prompt_ids_BP, 1)` with each distinct prompt computed once for its rows:
         the same logits and cache bit for bit (a row's matmul, attention and norm results do not
@@ -422,7 +440,7 @@ class LeanLlama:
         return groups.spread(logits_UV)
 
     def shared_prefix_logits(
-        self, prompt_ids_BP: torch.Tensor, tokens_BT: torch.Tensor, groups: RowGroups
+        self, prompt_ids_BP: torch.Tensor, tokens_BT: torch.Tensor, groups: RowGroups, *, compiled: bool = False
     ) -> torch.Tensor:
         """`logits(cat(prompt, tokens[:, :-1]), T)` with each distinct prompt's positions computed
         once for its rows (`engine.kernels=fast`): the prompt's keys and values, and its last
@@ -430,40 +448,29 @@ class LeanLlama:
         gradients from every row flow back into them.
 
         One pass: the groups' prompt positions and the rows' completion positions are packed into
-        one list of positions, so each matmul, norm and activation is one call over all of them;
-        only attention is split (each prompt causal; each completion over its group's prompt keys
-        and its own, through a mask).
+        one list of positions (`Packing`), so each matmul, norm and activation is one call over all
+        of them; only attention is split (each prompt causal; each completion over its group's
+        prompt keys and its own, through a mask).
 
         The same function, with 1/G of the prompt's arithmetic, but not the same rounding: the
         completion positions attend through an explicit mask instead of `is_causal`, and weight
         gradients are summed over another set of rows. Differences stay at fp32 rounding (~1e-6
         relative; tests/test_lean.py).
+
+        compiled (`engine.kernels=compiled`): the pass before the head through `torch.compile`
+        (`recipe.compiled.packed_pass`: its elementwise work fused into a few generated kernels).
         """
-        prompt_UP = prompt_ids_BP.index_select(0, groups.first_U)
-        (num_groups, prompt_len), (num_rows, num_new) = prompt_UP.shape, tokens_BT.shape
-        new_len, split = num_new - 1, num_groups * prompt_len  # completion inputs per row; prompt positions
-        device = tokens_BT.device
-        hidden = self._embed(torch.cat([prompt_UP.reshape(-1), tokens_BT[:, :-1].reshape(-1)]))
-        positions = torch.cat(
-            [
-                torch.arange(prompt_len, device=device).repeat(num_groups),
-                torch.arange(prompt_len, prompt_len + new_len, device=device).repeat(num_rows),
-            ]
-        )
-        cos, sin = self._rope(0, prompt_len + new_len, hidden.dtype, device)
-        cos, sin = cos[0, 0].index_select(0, positions)[:, None], sin[0, 0].index_select(0, positions)[:, None]
-        queries = torch.arange(prompt_len, prompt_len + new_len, device=device)
-        mask = torch.arange(prompt_len + new_len, device=device)[None, :] <= queries[:, None]
+        packing = Packing.of(self, prompt_ids_BP, tokens_BT, groups)
+        if not compiled:
+            return self.packed_logits(packing)
+        hidden_BTD = compiled_kernels.compiled_packed_pass()(compiled_kernels.weights(self), packing, self.spec)
+        return self._head(hidden_BTD)
 
-        def prompts(t: torch.Tensor) -> torch.Tensor:  # [positions, heads, D] -> [U, heads, P, D]
-            return t[:split].view(num_groups, prompt_len, *t.shape[1:]).transpose(1, 2)
-
-        def completions(t: torch.Tensor) -> torch.Tensor:  # -> [B, heads, T-1, D]
-            return t[split:].view(num_rows, new_len, *t.shape[1:]).transpose(1, 2)
-
-        def packed(t: torch.Tensor) -> torch.Tensor:  # [rows, heads, length, D] -> [positions, heads * D]
-            return t.transpose(1, 2).reshape(-1, t.shape[1] * t.shape[3])
-
+    def packed_logits(self, packing: Packing) -> torch.Tensor:
+        """`shared_prefix_logits` as torch operations that autograd records."""
+        p = packing
+        hidden = self._embed(p.ids_N)
+        mask = p.completion_mask()
         for layer in self.layers:
             attn = layer.attn
             residual = hidden
@@ -472,22 +479,20 @@ class LeanLlama:
                 F.linear(x, linear._parameters["weight"]).view(x.shape[0], -1, attn.head_dim)
                 for linear in (layer.q, layer.k, layer.v)
             )
-            half = query.shape[-1] // 2  # rotate_half as a roll; `sin` comes signed (see _rope)
-            query = (query * cos) + (torch.roll(query, half, -1) * sin)
-            key = (key * cos) + (torch.roll(key, half, -1) * sin)
+            query, key = p.rotate(query), p.rotate(key)
             sdpa = {"enable_gqa": True} if attn.num_key_value_groups > 1 else {}
-            key_P, value_P = prompts(key), prompts(value)
+            key_P, value_P = p.prompts(key), p.prompts(value)
             out_P = F.scaled_dot_product_attention(
-                prompts(query), key_P, value_P, scale=attn.scaling, is_causal=True, **sdpa
+                p.prompts(query), key_P, value_P, scale=attn.scaling, is_causal=True, **sdpa
             )
-            out = packed(out_P)
-            if new_len:
-                keys = torch.cat([groups.spread(key_P), completions(key)], dim=2)
-                values = torch.cat([groups.spread(value_P), completions(value)], dim=2)
+            out = p.packed(out_P)
+            if p.new_len:
+                keys = torch.cat([p.groups.spread(key_P), p.completions(key)], dim=2)
+                values = torch.cat([p.groups.spread(value_P), p.completions(value)], dim=2)
                 out_C = F.scaled_dot_product_attention(
-                    completions(query), keys, values, attn_mask=mask, scale=attn.scaling, **sdpa
+                    p.completions(query), keys, values, attn_mask=mask, scale=attn.scaling, **sdpa
                 )
-                out = torch.cat([out, packed(out_C)])
+                out = torch.cat([out, p.packed(out_C)])
             hidden = residual + F.linear(out, layer.o._parameters["weight"])
             residual = hidden
             x = self._rms(layer.post_norm, hidden)
@@ -495,8 +500,77 @@ class LeanLlama:
             up = F.linear(x, layer.up._parameters["weight"])
             hidden = residual + F.linear(gate * up, layer.down._parameters["weight"])
         hidden = self._rms(self.norm, hidden)
-        last_BD = groups.spread(hidden[prompt_len - 1 : split : prompt_len])[:, None]
-        return self._head(torch.cat([last_BD, hidden[split:].view(num_rows, new_len, hidden.shape[-1])], dim=1))
+        return self._head(p.predicting(hidden))
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Where `shared_prefix_logits` puts each position: the U groups' P prompt positions first,
+    group after group, then the B rows' T-1 completion inputs, row after row (N in all)."""
+
+    ids_N: torch.Tensor
+    cos_N1D: torch.Tensor
+    """Per packed position, its rotary cos (and below its signed sin, see `LeanLlama._rope`)."""
+    sin_N1D: torch.Tensor
+    groups: RowGroups
+    num_groups: int
+    prompt_len: int
+    num_rows: int
+    new_len: int
+    """Completion inputs per row: T - 1."""
+
+    @staticmethod
+    def of(lean: LeanLlama, prompt_ids_BP: torch.Tensor, tokens_BT: torch.Tensor, groups: RowGroups) -> Packing:
+        prompt_UP = prompt_ids_BP.index_select(0, groups.first_U)
+        (num_groups, prompt_len), (num_rows, num_new) = prompt_UP.shape, tokens_BT.shape
+        new_len, device = num_new - 1, tokens_BT.device
+        ids_N = torch.cat([prompt_UP.reshape(-1), tokens_BT[:, :-1].reshape(-1)])
+        positions = torch.cat(
+            [
+                torch.arange(prompt_len, device=device).repeat(num_groups),
+                torch.arange(prompt_len, prompt_len + new_len, device=device).repeat(num_rows),
+            ]
+        )
+        dtype = lean.embed._parameters["weight"].dtype
+        cos, sin = lean._rope(0, prompt_len + new_len, dtype, device)
+        cos, sin = cos[0, 0].index_select(0, positions)[:, None], sin[0, 0].index_select(0, positions)[:, None]
+        return Packing(ids_N, cos, sin, groups, num_groups, prompt_len, num_rows, new_len)
+
+    @property
+    def split(self) -> int:
+        """The number of prompt positions (the completions' start)."""
+        return self.num_groups * self.prompt_len
+
+    def rotate(self, t_NHD: torch.Tensor) -> torch.Tensor:
+        """Rotary embedding at each packed position (rotate_half as a roll; the sin comes signed)."""
+        return t_NHD * self.cos_N1D + torch.roll(t_NHD, t_NHD.shape[-1] // 2, -1) * self.sin_N1D
+
+    def prompts(self, t: torch.Tensor) -> torch.Tensor:
+        """[N, heads, D] -> the prompt positions as [U, heads, P, D]."""
+        return t[: self.split].view(self.num_groups, self.prompt_len, *t.shape[1:]).transpose(1, 2)
+
+    def completions(self, t: torch.Tensor) -> torch.Tensor:
+        """[N, heads, D] -> the completion positions as [B, heads, T-1, D]."""
+        return t[self.split :].view(self.num_rows, self.new_len, *t.shape[1:]).transpose(1, 2)
+
+    @staticmethod
+    def packed(t: torch.Tensor) -> torch.Tensor:
+        """[rows, heads, length, D] -> [rows * length, heads * D]."""
+        return t.transpose(1, 2).reshape(-1, t.shape[1] * t.shape[3])
+
+    def completion_mask(self) -> torch.Tensor:
+        """[T-1, P+T-1], True where a completion input sees: its prompt and the completion inputs
+        up to itself."""
+        device = self.ids_N.device
+        queries = torch.arange(self.prompt_len, self.prompt_len + self.new_len, device=device)
+        return torch.arange(self.prompt_len + self.new_len, device=device)[None, :] <= queries[:, None]
+
+    def predicting(self, hidden_ND: torch.Tensor) -> torch.Tensor:
+        """[B, T, hidden]: the positions whose logits predict the T tokens: each group's last prompt
+        position (for every row of the group), then the row's completion inputs."""
+        last_BD = self.groups.spread(hidden_ND[self.prompt_len - 1 : self.split : self.prompt_len])[:, None]
+        completion_BTD = hidden_ND[self.split :].view(self.num_rows, self.new_len, hidden_ND.shape[-1])
+        return torch.cat([last_BD, completion_BTD], dim=1)
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,7 @@ def completion_logprobs(
     prompt_mask_BP: torch.Tensor | None = None,
     *,
     shared_prefix: bool = False,
+    compiled: bool = False,
 ) -> torch.Tensor:
     """Trainer-side log-prob of each completion token, with gradient.
 
@@ -103,13 +104,14 @@ def completion_logprobs(
 
     shared_prefix (`engine.kernels=fast`): rows that repeat the prompt of the row before them
     share one pass over it (`recipe.lean.LeanLlama.shared_prefix_logits`), where the lean
-    forward applies; the same log-probs up to fp32 rounding.
+    forward applies; the same log-probs up to fp32 rounding. compiled (`engine.kernels=compiled`):
+    that pass through `torch.compile`.
     """
     num_new = tokens_BT.shape[1]
     lean = lean_llama(model) if prompt_mask_BP is None else None
     groups = RowGroups.of(prompt_ids_BP) if lean is not None and shared_prefix else None
     if groups is not None:
-        logits_BTV = lean.shared_prefix_logits(prompt_ids_BP, tokens_BT, groups)
+        logits_BTV = lean.shared_prefix_logits(prompt_ids_BP, tokens_BT, groups, compiled=compiled)
     elif lean is not None:  # the model's own forward, bit for bit, in fewer calls (recipe.lean)
         logits_BTV = lean.logits(torch.cat([prompt_ids_BP, tokens_BT[:, :-1]], dim=1), num_new)
     else:

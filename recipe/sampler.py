@@ -113,12 +113,15 @@ def sample(
     greedy: bool = False,
     prompt_mask_BP: torch.Tensor | None = None,
     interrupt: Interrupt | None = None,
+    compiled: bool = False,
 ) -> Completions:
     """Complete every prompt until EOS or `max_new_tokens`, whichever comes first.
 
     greedy=True takes the most likely token instead of sampling (the warm-up's metric).
     prompt_mask_BP marks the real tokens of left-padded prompts (None: no padding).
     interrupt: force the end of thinking at each row's budget (None: never).
+    compiled: decode steps through `torch.compile` where the lean forward applies
+    (`engine.kernels=compiled`; `LeanLlama.decode_compiled`).
     """
     decoding = Decoding(
         prompt_ids_BP,
@@ -129,6 +132,7 @@ def sample(
         greedy=greedy,
         prompt_mask_BP=prompt_mask_BP,
         interrupt=interrupt,
+        compiled=compiled,
     )
     while not decoding.done:
         decoding.advance(model)
@@ -156,6 +160,7 @@ class Decoding:
         greedy: bool = False,
         prompt_mask_BP: torch.Tensor | None = None,
         interrupt: Interrupt | None = None,
+        compiled: bool = False,
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -164,6 +169,7 @@ class Decoding:
         self.prompt_ids_BP, self.max_new_tokens = prompt_ids_BP, max_new_tokens
         self.eos_id, self.pad_id, self.generator, self.greedy = eos_id, pad_id, generator, greedy
         self.padded = padding_inputs(prompt_mask_BP)
+        self.compiled = compiled
         self.cache: DynamicCache | LeanCache | None = None
         """transformers' cache, or the lean forward's (`recipe.lean`: the same tensors) where it applies."""
         self.done_B = torch.zeros(prompt_ids_BP.shape[0], dtype=torch.bool, device=prompt_ids_BP.device)
@@ -231,6 +237,8 @@ class Decoding:
                 if groups is not None:
                     return lean.prefill_shared(self.cache, self.prompt_ids_BP, groups)[:, -1]
                 return lean.extend(self.cache, self.prompt_ids_BP, 1)[:, -1]
+            if lean is not None and self.compiled:
+                return lean.decode_compiled(self.cache, self.tokens[-1])
             if lean is not None:
                 return lean.extend(self.cache, self.tokens[-1][:, None])[:, -1]
             self.cache = self.cache.to_dynamic(model.config)

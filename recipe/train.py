@@ -477,8 +477,11 @@ def sample_on_policy(
     prompt_mask_BP: torch.Tensor | None,
     generator: torch.Generator,
     interrupt: Interrupt | None,
+    *,
+    compiled: bool = False,
 ) -> Completions:
-    """`sample` from trainer rank 0's policy where it lives; the completions on the CPU."""
+    """`sample` from trainer rank 0's policy where it lives; the completions on the CPU.
+    compiled: decode through `torch.compile` (the training batches of `engine.kernels=compiled`)."""
     device = next(state.model.parameters()).device
     out = sample(
         state.model,
@@ -489,6 +492,7 @@ def sample_on_policy(
         generator=generator,
         prompt_mask_BP=None if prompt_mask_BP is None else prompt_mask_BP.to(device),
         interrupt=interrupt,
+        compiled=compiled,
     )
     return _to_cpu(out)
 
@@ -508,15 +512,15 @@ def _to_cpu(completions: Completions) -> Completions:
 
 
 def build_optimizer(cfg: RecipeConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """AdamW; with `engine.kernels=fast` on the torch trainer, torch's fused AdamW (one kernel over
-    all parameters: the same update, rounded differently). DeepSpeed keeps the unfused one."""
+    """AdamW; with `engine.kernels` fast or compiled on the torch trainer, torch's fused AdamW (one
+    kernel over all parameters: the same update, rounded differently). DeepSpeed keeps the unfused one."""
     return torch.optim.AdamW(
         model.parameters(),
         lr=cfg.optim.lr,
         betas=(cfg.optim.beta1, cfg.optim.beta2),
         eps=cfg.optim.eps,
         weight_decay=cfg.optim.weight_decay,
-        fused=True if cfg.engine.kernels == "fast" and not uses_deepspeed(cfg) else None,
+        fused=True if cfg.engine.kernels != "reference" and not uses_deepspeed(cfg) else None,
     )
 
 
@@ -529,14 +533,13 @@ def uses_deepspeed(cfg: RecipeConfig) -> bool:
 def build_trainer(cfg: RecipeConfig, model: PreTrainedModel, optimizer: torch.optim.Optimizer) -> Trainer:
     """`engine.trainer`'s engine (auto: DeepSpeed with CUDA, torch without) on this rank's share of
     the trainers' group (if there is one; the DeepSpeed trainer makes a one-rank group if not)."""
-    if uses_deepspeed(cfg):  # engine.kernels=fast is the torch trainer's: DeepSpeed computes as reference
+    if uses_deepspeed(cfg):  # engine.kernels is the torch trainer's: DeepSpeed computes as reference
         from recipe.engines.deepspeed_trainer import DeepspeedTrainer  # imports deepspeed: only when asked for
 
         return DeepspeedTrainer(
             model, optimizer, cfg.loss, max_grad_norm=cfg.optim.max_grad_norm, zero_stage=cfg.engine.zero_stage
         )
-    shared_prefix = cfg.engine.kernels == "fast"
-    return TorchTrainer(model, optimizer, cfg.loss, max_grad_norm=cfg.optim.max_grad_norm, shared_prefix=shared_prefix)
+    return TorchTrainer(model, optimizer, cfg.loss, max_grad_norm=cfg.optim.max_grad_norm, kernels=cfg.engine.kernels)
 
 
 def resume(state: RunState, run_dir: Path, sink: Sink, log: Callable[[str], None]) -> int | None:
@@ -647,7 +650,9 @@ def generate_batch(state: RunState) -> Rollout:
     prompt_ids_BP = state.train_prompt_ids[rows_P].repeat_interleave(group_size, dim=0)
     interrupt = None if state.interrupt is None else state.interrupt.draw(len(prompt_ids_BP), state.generator)
     mask_BP = _prompt_mask(state.train_prompt_mask, rows_P, group_size)
-    completions = sample_on_policy(state, prompt_ids_BP, mask_BP, state.device_generator or state.generator, interrupt)
+    generator = state.device_generator or state.generator
+    compiled = cfg.engine.kernels == "compiled"  # evaluation samples as the other kernels do: one yardstick
+    completions = sample_on_policy(state, prompt_ids_BP, mask_BP, generator, interrupt, compiled=compiled)
     prompts = [task.train_prompts[int(r)] for r in rows_P for _ in range(group_size)]
     passes_B = torch.tensor(task.score(prompts, decode(state.tokenizer, completions)))
     rewards_B = shaped_rewards(passes_B, completions.lengths_B, cfg)

@@ -257,7 +257,7 @@ def test_fast_kernels_leave_the_deepspeed_trainer_as_it_is(monkeypatch):
 
     calls = []
     shared = lean.LeanLlama.shared_prefix_logits
-    monkeypatch.setattr(lean.LeanLlama, "shared_prefix_logits", lambda *a: calls.append(1) or shared(*a))
+    monkeypatch.setattr(lean.LeanLlama, "shared_prefix_logits", lambda *a, **k: calls.append(1) or shared(*a, **k))
     batch = random_batch(4, 11)
     grouped = batch.prompt_ids_BP[::GROUP_SIZE].repeat_interleave(GROUP_SIZE, 0)  # a group's rows share a prompt
     batch = TrainBatch(**{**vars(batch), "prompt_ids_BP": grouped})

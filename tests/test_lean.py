@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from recipe import lean, tasks, tasks_think, train
+from recipe import compiled, lean, tasks, tasks_think, train
 from recipe.builtin import SUMK_SMALL_SHAPE
 from recipe.config import resolve
 from recipe.lean import LeanCache, lean_llama
@@ -176,7 +176,7 @@ def count_shared_prefix_calls(monkeypatch):
     """A list that gets an entry at every call of the trainer's shared-prefix pass."""
     calls = []
     shared = lean.LeanLlama.shared_prefix_logits
-    monkeypatch.setattr(lean.LeanLlama, "shared_prefix_logits", lambda *a: calls.append(1) or shared(*a))
+    monkeypatch.setattr(lean.LeanLlama, "shared_prefix_logits", lambda *a, **k: calls.append(1) or shared(*a, **k))
     return calls
 
 
@@ -434,6 +434,91 @@ def test_fast_kernels_take_the_reference_step_up_to_rounding(monkeypatch, model_
     want_weights, got_weights = want_state.model.state_dict(), got_state.model.state_dict()
     for name, weight in want_weights.items():
         torch.testing.assert_close(got_weights[name], weight, rtol=0, atol=lr * 0.05)
+
+
+def count_compiled_calls(monkeypatch):
+    """Per function of `recipe.compiled`, how many times its compiled form was called."""
+    calls = {"compiled_packed_pass": 0, "compiled_decode_step": 0}
+
+    def counting(name, real):
+        def call(*args):
+            calls[name] += 1
+            return real()(*args)
+
+        return lambda: call
+
+    for name in calls:
+        monkeypatch.setattr(compiled, name, counting(name, getattr(compiled, name)))
+    return calls
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_compiled_decode_step_computes_the_lean_logits(shape):
+    """engine.kernels=compiled: every decode step of a batch through torch.compile (compiled here,
+    for real), the lean forward's logits and cache up to fp32 rounding."""
+    model, _ = sort6_policy(shape)
+    prompt_ids = groups_of([4, 4])
+    lean_ = lean_llama(model)
+    with torch.inference_mode():
+        want_cache, got_cache = lean_.new_cache(prompt_ids.shape[1] + 7), lean_.new_cache(prompt_ids.shape[1] + 7)
+        tokens = lean_.extend(want_cache, prompt_ids, 1)[:, -1].argmax(-1)
+        lean_.extend(got_cache, prompt_ids, 1)
+        for _ in range(7):
+            want = lean_.extend(want_cache, tokens[:, None])[:, -1]
+            got = lean_.decode_compiled(got_cache, tokens)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            tokens = want.argmax(-1)
+        assert got_cache.length == want_cache.length
+        for got_keys, want_keys in zip(got_cache.keys, want_cache.keys):
+            torch.testing.assert_close(got_keys, want_keys, rtol=1e-5, atol=1e-5)
+        with pytest.raises(ValueError, match="holds 15 positions"):
+            lean_.decode_compiled(got_cache, tokens)
+
+
+@pytest.mark.parametrize("sizes", [[8, 8, 8, 8], [5, 8, 2, 1]], ids=["uniform", "mixed"])
+def test_a_compiled_pass_computes_the_same_logprobs_and_gradients(monkeypatch, sizes):
+    """The trainer's pass through torch.compile: the fast pass's log-probs and gradients up to fp32
+    rounding, for groups of one size and of mixed sizes."""
+    model, tokenizer = sort6_policy("2-heads")
+    prompt_ids = groups_of(sizes)
+    tokens = torch.randint(0, len(tokenizer), (prompt_ids.shape[0], 7), generator=torch.Generator().manual_seed(0))
+    weights = torch.randn(tokens.shape, generator=torch.Generator().manual_seed(1))
+    calls = count_compiled_calls(monkeypatch)
+
+    def once(compiled_):
+        model.zero_grad(set_to_none=True)
+        logp = completion_logprobs(model, prompt_ids, tokens, shared_prefix=True, compiled=compiled_)
+        (logp * weights).sum().backward()
+        return logp.detach(), [p.grad.clone() for p in model.parameters()]
+
+    want, want_grads = once(False)
+    assert calls["compiled_packed_pass"] == 0
+    got, got_grads = once(True)
+    assert calls["compiled_packed_pass"] == 1
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        assert float((g - w).abs().max()) <= 1e-5 * float(w.abs().max())
+
+
+def test_compiled_kernels_take_the_fast_step_up_to_rounding(monkeypatch, model_dirs):
+    """Two steps of engine.kernels=compiled against fast from the same weights: both compiled
+    functions in use (the decode step for the training batches only: evaluation samples as the
+    other kernels do), the same batches, loss, gradient norm and update up to fp32 rounding."""
+    calls = count_compiled_calls(monkeypatch)
+    want_state, want = run_steps(step_config(model_dirs, "sort6", {"engine.kernels": "fast"}), 2)
+    assert calls == {"compiled_packed_pass": 0, "compiled_decode_step": 0}
+    got_state, got = run_steps(step_config(model_dirs, "sort6", {"engine.kernels": "compiled"}), 2)
+    assert calls["compiled_packed_pass"] == 2 and calls["compiled_decode_step"] == 2 * 6
+    assert got_state.trainer.optimizer.defaults["fused"]
+    for w, g in zip(want, got, strict=True):
+        assert g["reward_mean"] == w["reward_mean"] and w["grad_norm"] > 0
+        assert g["loss"] == pytest.approx(w["loss"], rel=1e-4, abs=1e-6)
+        assert g["grad_norm"] == pytest.approx(w["grad_norm"], rel=1e-4)
+    lr = got_state.cfg.optim.lr
+    for name, weight in want_state.model.state_dict().items():
+        torch.testing.assert_close(got_state.model.state_dict()[name], weight, rtol=0, atol=lr * 0.05)
+    evaluated = train.evaluate(got_state)
+    assert calls["compiled_decode_step"] == 2 * 6 and evaluated["num_samples"] > 0
 
 
 def test_the_lean_forward_does_not_keep_its_model_alive():

@@ -34,17 +34,22 @@ def shard_loss(
     rank: int,
     world_size: int,
     *,
-    shared_prefix: bool = False,
+    kernels: str = "reference",
 ) -> tuple[torch.Tensor, torch.Tensor, TrainBatch] | None:
     """Rank `rank`'s part of the whole batch's loss, its trainer log-probs and its share; None
     when the share is empty. Summed over ranks, the parts are the whole batch's loss.
-    shared_prefix: a group's rows share one pass over their prompt (`engine.kernels=fast`)."""
+    kernels: `engine.kernels` (fast, compiled: a group's rows share one pass over their prompt)."""
     counts = batch_counts(batch.mask_BT, batch.group_size)  # whole-batch counts: the split cannot change them
     part = batch.shard(rank, world_size)
     if part.tokens_BT.shape[0] == 0:
         return None
     logp_BT = completion_logprobs(
-        model, part.prompt_ids_BP, part.tokens_BT, part.prompt_mask_BP, shared_prefix=shared_prefix
+        model,
+        part.prompt_ids_BP,
+        part.tokens_BT,
+        part.prompt_mask_BP,
+        shared_prefix=kernels != "reference",
+        compiled=kernels == "compiled",
     )
     loss = policy_loss(
         loss_cfg,
@@ -107,10 +112,10 @@ class TorchTrainer:
         *,
         max_grad_norm: float | None,
         group: dist.ProcessGroup | None = None,
-        shared_prefix: bool = False,
+        kernels: str = "reference",
     ) -> None:
         self.model, self.optimizer, self.loss_cfg = model, optimizer, loss_cfg
-        self.shared_prefix = shared_prefix
+        self.kernels = kernels
         self.max_grad_norm = max_grad_norm or math.inf
         self.group = group
         distributed = group is not None or (dist.is_available() and dist.is_initialized())
@@ -122,9 +127,7 @@ class TorchTrainer:
     def step(self, batch: TrainBatch, *, lr: float) -> dict[str, float]:
         batch = batch_to(batch, next(self.model.parameters()).device)
         self.optimizer.zero_grad(set_to_none=True)
-        result = shard_loss(
-            self.model, self.loss_cfg, batch, self.rank, self.world_size, shared_prefix=self.shared_prefix
-        )
+        result = shard_loss(self.model, self.loss_cfg, batch, self.rank, self.world_size, kernels=self.kernels)
         if result is not None:
             result[0].backward()
         if self.world_size > 1:
