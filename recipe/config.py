@@ -272,9 +272,10 @@ class EngineConfig(Section):
     """reference: the trainer's pass is transformers' Llama forward and the update torch's AdamW,
     bit for bit. fast (the torch trainer): each prompt's positions computed once for its group in
     the trainer's pass, and the fused AdamW: the same math, rounded differently (docs/decisions.md).
-    compiled: fast, with that pass through torch.compile (a one-time compile per process, ~10 s on
-    the built-in models, longer on the first batch of a new shape; it pays off on long runs). The
-    DeepSpeed trainer computes as reference whatever the value."""
+    compiled: fast, with that pass and the training batches' decode steps through torch.compile
+    (recipe/compiled.py): a compile of ~30 s per process on the built-in models, and once more on
+    the first batch of a new shape; for long runs. The DeepSpeed trainer computes as reference
+    whatever the value."""
 
 
 @dataclass(kw_only=True)

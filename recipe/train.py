@@ -651,7 +651,8 @@ def generate_batch(state: RunState) -> Rollout:
     interrupt = None if state.interrupt is None else state.interrupt.draw(len(prompt_ids_BP), state.generator)
     mask_BP = _prompt_mask(state.train_prompt_mask, rows_P, group_size)
     generator = state.device_generator or state.generator
-    compiled = cfg.engine.kernels == "compiled"  # evaluation samples as the other kernels do: one yardstick
+    # Evaluation samples as the other kernels do (one yardstick); DeepSpeed runs compute as reference.
+    compiled = cfg.engine.kernels == "compiled" and not uses_deepspeed(cfg)
     completions = sample_on_policy(state, prompt_ids_BP, mask_BP, generator, interrupt, compiled=compiled)
     prompts = [task.train_prompts[int(r)] for r in rows_P for _ in range(group_size)]
     passes_B = torch.tensor(task.score(prompts, decode(state.tokenizer, completions)))

@@ -251,8 +251,9 @@ def test_a_torch_checkpoint_resumes_on_the_deepspeed_trainer_and_back(torch_one_
 
 
 def test_fast_kernels_leave_the_deepspeed_trainer_as_it_is(monkeypatch):
-    """engine.kernels=fast is the torch trainer's: the DeepSpeed trainer shares no prompt and keeps
-    its unfused AdamW, so the step is the reference step, bit for bit, not a partial mix."""
+    """engine.kernels fast and compiled are the torch trainer's: the DeepSpeed trainer shares no
+    prompt, compiles nothing and keeps its unfused AdamW, so the step is the reference step, bit
+    for bit, not a partial mix."""
     from recipe import lean
 
     calls = []
@@ -262,7 +263,7 @@ def test_fast_kernels_leave_the_deepspeed_trainer_as_it_is(monkeypatch):
     grouped = batch.prompt_ids_BP[::GROUP_SIZE].repeat_interleave(GROUP_SIZE, 0)  # a group's rows share a prompt
     batch = TrainBatch(**{**vars(batch), "prompt_ids_BP": grouped})
     weights = {}
-    for kernels in ("reference", "fast"):
+    for kernels in ("reference", "fast", "compiled"):
         cfg = resolve(CFG | {"engine.trainer": "deepspeed", "engine.zero_stage": 0, "engine.kernels": kernels})
         model = tiny_model()
         trainer = train.build_trainer(cfg, model, train.build_optimizer(cfg, model))
@@ -271,7 +272,8 @@ def test_fast_kernels_leave_the_deepspeed_trainer_as_it_is(monkeypatch):
         weights[kernels] = {k: v.clone() for k, v in trainer.named_weights()}
         trainer.close()
     assert not calls
-    assert all(torch.equal(weights["fast"][k], w) for k, w in weights["reference"].items())
+    for kernels in ("fast", "compiled"):
+        assert all(torch.equal(weights[kernels][k], w) for k, w in weights["reference"].items())
 
 
 def test_a_one_task_run_trains_and_leaves_no_process_group(tmp_path_factory, tmp_path):
