@@ -326,10 +326,8 @@ class LeanLlama:
         sin: torch.Tensor,
         cache: LeanCache | None,
         index: int,
-        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """`LlamaDecoderLayer.forward` (attention through `sdpa_attention_forward`, no mask), or with
-        a boolean `mask` [queries, keys] (`shared_prefix_logits`: queries after a cached prefix)."""
+        """`LlamaDecoderLayer.forward` (attention through `sdpa_attention_forward`, no mask)."""
         attn = layer.attn
         input_shape = hidden.shape[:-1]
         hidden_shape = (*input_shape, -1, attn.head_dim)
@@ -345,9 +343,9 @@ class LeanLlama:
             key, value = cache.update(index, key, value)
         sdpa = {"enable_gqa": True} if attn.num_key_value_groups > 1 else {}
         dropout = attn.attention_dropout if self.model.training else 0.0
-        causal = mask is None and query.shape[2] > 1
+        causal = query.shape[2] > 1
         out = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, dropout_p=dropout, scale=attn.scaling, is_causal=causal, **sdpa
+            query, key, value, attn_mask=None, dropout_p=dropout, scale=attn.scaling, is_causal=causal, **sdpa
         )
         out = out.transpose(1, 2).contiguous()
         out = out.reshape(*input_shape, -1)  # contiguous already: transformers' second .contiguous() is a no-op
@@ -358,17 +356,12 @@ class LeanLlama:
         hidden = F.linear(gate * F.linear(hidden, layer.up._parameters["weight"]), layer.down._parameters["weight"])
         return residual + hidden
 
-    def _body(
-        self,
-        input_ids: torch.Tensor,
-        cache: LeanCache | None,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def _body(self, input_ids: torch.Tensor, cache: LeanCache | None) -> torch.Tensor:
         hidden = self._embed(input_ids)
         start = 0 if cache is None else cache.length
         cos, sin = self._rope(start, input_ids.shape[1], hidden.dtype, hidden.device)
         for index, layer in enumerate(self.layers):
-            hidden = self._layer(layer, hidden, cos, sin, cache, index, mask)
+            hidden = self._layer(layer, hidden, cos, sin, cache, index)
         if cache is not None:
             cache.length += input_ids.shape[1]
         return self._rms(self.norm, hidden)
