@@ -1,5 +1,8 @@
-"""`engine.kernels=compiled`: the sampler's decode step and the trainer's packed pass as functions
-of tensors, through `torch.compile`.
+"""The lean forward's pieces as functions of tensors, and what `engine.kernels=compiled` puts
+through `torch.compile`: the sampler's decode step and the trainer's packed pass.
+
+`rms` and `rotate` are the norm and the rotary embedding every lean path uses; `packed_pass` is
+the trainer's shared-prefix pass, run as it is (with torch's SDPA) for `engine.kernels=fast`.
 
 At the built-in models' size a forward is ~80 kernels per token step (and a backward twice that),
 each costing a few microseconds of dispatch and a trip through the caches whatever its size.
@@ -18,8 +21,8 @@ calls cheap:
   the fused SDPA kernel).
 
 The head is applied outside, by the lean forward, so that the FP32 head keeps its own forward.
-These are the functions `LeanLlama.extend` and `LeanLlama.packed_logits` compute, rounded
-differently (tests/test_lean.py bounds the differences).
+Compiled, these are the functions `LeanLlama.extend` and `LeanLlama.packed_logits` compute,
+rounded differently (tests/test_lean.py bounds the differences).
 """
 
 from __future__ import annotations
@@ -50,11 +53,12 @@ class Spec:
     eps: tuple[tuple[float, float], ...]
     """Per layer, the input and post-attention norms' epsilon."""
     final_eps: float
-    padding_idx: int | None
+    embedding: tuple
+    """The input table's `F.embedding` options: padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse."""
 
     @staticmethod
     def of(lean: LeanLlama) -> Spec:
-        attn = lean.layers[0].attn
+        attn, embed = lean.layers[0].attn, lean.embed
         return Spec(
             num_layers=len(lean.layers),
             head_dim=attn.head_dim,
@@ -65,7 +69,7 @@ class Spec:
                 for layer in lean.layers
             ),
             final_eps=float(lean.norm.variance_epsilon),
-            padding_idx=lean.embed.padding_idx,
+            embedding=(embed.padding_idx, embed.max_norm, embed.norm_type, embed.scale_grad_by_freq, embed.sparse),
         )
 
 
@@ -96,12 +100,23 @@ def _attend(
     return torch.matmul(torch.softmax(scores.float(), dim=-1).to(query.dtype), value)
 
 
-def _rms(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`LlamaRMSNorm`: normalised in fp32, back to the input's dtype, times the weight."""
-    dtype = hidden.dtype
-    h = hidden.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+def rms(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`LlamaRMSNorm.forward`: normalised in fp32, back to the input's dtype, times the weight (a
+    `.to` to the dtype a tensor has returns it as it is: skipped)."""
+    input_dtype = hidden.dtype
+    if input_dtype is not torch.float32:
+        hidden = hidden.to(torch.float32)
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    hidden = hidden * torch.rsqrt(variance + eps)
+    if input_dtype is not torch.float32:
+        hidden = hidden.to(input_dtype)
+    return weight * hidden
+
+
+def rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, `t * cos + rotate_half(t) * sin` with rotate_half as a roll and `sin`
+    signed (`LeanLlama._rope`): the same products, only a sign moved."""
+    return (t * cos) + (torch.roll(t, t.shape[-1] // 2, -1) * sin)
 
 
 def decode_step(
@@ -116,23 +131,22 @@ def decode_step(
 ) -> torch.Tensor:
     """Feed one token per row at `position` (0-d): its keys and values are written into the
     cache's tensors in place; returns the final norm's output [B, hidden] (the head's input)."""
-    hidden = F.embedding(token_B, ws[0], spec.padding_idx)[:, None]  # [B, 1, hidden]
+    hidden = F.embedding(token_B, ws[0], *spec.embedding)[:, None]  # [B, 1, hidden]
     rows, capacity, D = hidden.shape[0], keys[0].shape[2], spec.head_dim
     unwritten = torch.arange(capacity, device=token_B.device) > position
     for index in range(spec.num_layers):
         w_in, w_q, w_k, w_v, w_o, w_post, w_gate, w_up, w_down = _layer_weights(ws, index)
         eps_in, eps_post = spec.eps[index]
-        x = _rms(hidden, w_in, eps_in)
+        x = rms(hidden, w_in, eps_in)
         query, key, value = (F.linear(x, w).view(rows, 1, -1, D).transpose(1, 2) for w in (w_q, w_k, w_v))
-        query = query * cos + torch.roll(query, D // 2, -1) * sin
-        key = key * cos + torch.roll(key, D // 2, -1) * sin
+        query, key = rotate(query, cos, sin), rotate(key, cos, sin)
         keys[index].index_copy_(2, position.view(1), key)
         values[index].index_copy_(2, position.view(1), value)
         out = _attend(query, keys[index], values[index], unwritten, spec).transpose(1, 2).reshape(rows, 1, -1)
         hidden = hidden + F.linear(out, w_o)
-        x = _rms(hidden, w_post, eps_post)
+        x = rms(hidden, w_post, eps_post)
         hidden = hidden + F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
-    return _rms(hidden, ws[-1], spec.final_eps)[:, 0]
+    return rms(hidden, ws[-1], spec.final_eps)[:, 0]
 
 
 @functools.cache
@@ -142,29 +156,42 @@ def compiled_decode_step() -> Callable:
     return torch.compile(decode_step)
 
 
-def packed_pass(ws: list[torch.Tensor], p: Packing, spec: Spec) -> torch.Tensor:
-    """`LeanLlama.packed_logits` before the head, on `p`'s layout: the final norm's output at the
-    positions that predict each row's T tokens, [B, T, hidden]."""
+def packed_pass(ws: list[torch.Tensor], p: Packing, spec: Spec, *, sdpa: bool = False) -> torch.Tensor:
+    """`LeanLlama.shared_prefix_logits` before the head, on `p`'s layout: the final norm's output at
+    the positions that predict each row's T tokens, [B, T, hidden].
+
+    sdpa: attention through torch's fused kernel (`engine.kernels=fast`, run as it is); else as
+    matmul-softmax-matmul, which costs less once compiled (`engine.kernels=compiled`)."""
     device = p.ids_N.device
+    sees_C = p.completion_mask()
     future_P = torch.ones(p.prompt_len, p.prompt_len, dtype=torch.bool, device=device).triu(1)
-    future_C = ~p.completion_mask()
-    hidden = F.embedding(p.ids_N, ws[0], spec.padding_idx)
+    gqa = {"enable_gqa": True} if spec.kv_groups > 1 else {}
+
+    def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, completions: bool) -> torch.Tensor:
+        if not sdpa:
+            return _attend(query, key, value, ~sees_C if completions else future_P, spec)
+        mask = sees_C if completions else None
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, scale=spec.scaling, is_causal=not completions, **gqa
+        )
+
+    hidden = F.embedding(p.ids_N, ws[0], *spec.embedding)
     for index in range(spec.num_layers):
         w_in, w_q, w_k, w_v, w_o, w_post, w_gate, w_up, w_down = _layer_weights(ws, index)
         eps_in, eps_post = spec.eps[index]
-        x = _rms(hidden, w_in, eps_in)
+        x = rms(hidden, w_in, eps_in)
         query, key, value = (F.linear(x, w).view(x.shape[0], -1, spec.head_dim) for w in (w_q, w_k, w_v))
-        query, key = p.rotate(query), p.rotate(key)
+        query, key = rotate(query, p.cos_N1D, p.sin_N1D), rotate(key, p.cos_N1D, p.sin_N1D)
         key_P, value_P = p.prompts(key), p.prompts(value)
-        out = p.packed(_attend(p.prompts(query), key_P, value_P, future_P, spec))
+        out = p.packed(attend(p.prompts(query), key_P, value_P, completions=False))
         if p.new_len:
             keys = torch.cat([p.groups.spread(key_P), p.completions(key)], dim=2)
             values = torch.cat([p.groups.spread(value_P), p.completions(value)], dim=2)
-            out = torch.cat([out, p.packed(_attend(p.completions(query), keys, values, future_C, spec))])
+            out = torch.cat([out, p.packed(attend(p.completions(query), keys, values, completions=True))])
         hidden = hidden + F.linear(out, w_o)
-        x = _rms(hidden, w_post, eps_post)
+        x = rms(hidden, w_post, eps_post)
         hidden = hidden + F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
-    return p.predicting(_rms(hidden, ws[-1], spec.final_eps))
+    return p.predicting(rms(hidden, ws[-1], spec.final_eps))
 
 
 @functools.cache

@@ -308,15 +308,8 @@ class LeanLlama:
 
     @staticmethod
     def _rms(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        """`LlamaRMSNorm.forward` (a `.to` to the dtype a tensor has returns it as it is: skipped)."""
-        input_dtype = hidden.dtype
-        if input_dtype is not torch.float32:
-            hidden = hidden.to(torch.float32)
-        variance = hidden.pow(2).mean(-1, keepdim=True)
-        hidden = hidden * torch.rsqrt(variance + norm.variance_epsilon)
-        if input_dtype is not torch.float32:
-            hidden = hidden.to(input_dtype)
-        return norm._parameters["weight"] * hidden
+        """`LlamaRMSNorm.forward` of `norm`."""
+        return compiled_kernels.rms(hidden, norm._parameters["weight"], norm.variance_epsilon)
 
     def _layer(
         self,
@@ -336,9 +329,7 @@ class LeanLlama:
         query = F.linear(hidden, layer.q._parameters["weight"]).view(hidden_shape).transpose(1, 2)
         key = F.linear(hidden, layer.k._parameters["weight"]).view(hidden_shape).transpose(1, 2)
         value = F.linear(hidden, layer.v._parameters["weight"]).view(hidden_shape).transpose(1, 2)
-        half = query.shape[-1] // 2  # rotate_half as a roll; `sin` comes signed (see _rope)
-        query = (query * cos) + (torch.roll(query, half, -1) * sin)
-        key = (key * cos) + (torch.roll(key, half, -1) * sin)
+        query, key = compiled_kernels.rotate(query, cos, sin), compiled_kernels.rotate(key, cos, sin)
         if cache is not None:
             key, value = cache.update(index, key, value)
         sdpa = {"enable_gqa": True} if attn.num_key_value_groups > 1 else {}
@@ -460,40 +451,9 @@ class LeanLlama:
         return self._head(hidden_BTD)
 
     def packed_logits(self, packing: Packing) -> torch.Tensor:
-        """`shared_prefix_logits` as torch operations that autograd records."""
-        p = packing
-        hidden = self._embed(p.ids_N)
-        mask = p.completion_mask()
-        for layer in self.layers:
-            attn = layer.attn
-            residual = hidden
-            x = self._rms(layer.input_norm, hidden)
-            query, key, value = (
-                F.linear(x, linear._parameters["weight"]).view(x.shape[0], -1, attn.head_dim)
-                for linear in (layer.q, layer.k, layer.v)
-            )
-            query, key = p.rotate(query), p.rotate(key)
-            sdpa = {"enable_gqa": True} if attn.num_key_value_groups > 1 else {}
-            key_P, value_P = p.prompts(key), p.prompts(value)
-            out_P = F.scaled_dot_product_attention(
-                p.prompts(query), key_P, value_P, scale=attn.scaling, is_causal=True, **sdpa
-            )
-            out = p.packed(out_P)
-            if p.new_len:
-                keys = torch.cat([p.groups.spread(key_P), p.completions(key)], dim=2)
-                values = torch.cat([p.groups.spread(value_P), p.completions(value)], dim=2)
-                out_C = F.scaled_dot_product_attention(
-                    p.completions(query), keys, values, attn_mask=mask, scale=attn.scaling, **sdpa
-                )
-                out = torch.cat([out, p.packed(out_C)])
-            hidden = residual + F.linear(out, layer.o._parameters["weight"])
-            residual = hidden
-            x = self._rms(layer.post_norm, hidden)
-            gate = F.silu(F.linear(x, layer.gate._parameters["weight"]))
-            up = F.linear(x, layer.up._parameters["weight"])
-            hidden = residual + F.linear(gate * up, layer.down._parameters["weight"])
-        hidden = self._rms(self.norm, hidden)
-        return self._head(p.predicting(hidden))
+        """`shared_prefix_logits` as torch operations that autograd records (SDPA attention)."""
+        hidden_BTD = compiled_kernels.packed_pass(compiled_kernels.weights(self), packing, self.spec, sdpa=True)
+        return self._head(hidden_BTD)
 
 
 @dataclass(frozen=True)
@@ -533,10 +493,6 @@ class Packing:
     def split(self) -> int:
         """The number of prompt positions (the completions' start)."""
         return self.num_groups * self.prompt_len
-
-    def rotate(self, t_NHD: torch.Tensor) -> torch.Tensor:
-        """Rotary embedding at each packed position (rotate_half as a roll; the sin comes signed)."""
-        return t_NHD * self.cos_N1D + torch.roll(t_NHD, t_NHD.shape[-1] // 2, -1) * self.sin_N1D
 
     def prompts(self, t: torch.Tensor) -> torch.Tensor:
         """[N, heads, D] -> the prompt positions as [U, heads, P, D]."""
