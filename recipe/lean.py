@@ -38,9 +38,11 @@ Nothing is copied: every weight is read from its module at every call, so in-pla
 weights are joined (measured: q|k|v in one matmul gives the same forward here but no faster
 sampling, and a different backward) and the optimizer is not touched here.
 
-One path is *not* bit for bit, and is taken only when asked for (`engine.kernels=fast`):
-`shared_prefix_logits`, the trainer's pass with each prompt computed once for its group. It is
-the same function, up to fp32 rounding (tests/test_lean.py bounds the differences).
+Two paths are *not* bit for bit, and are taken only when asked for: `shared_prefix_logits`, the
+trainer's pass with each prompt computed once for its group (`engine.kernels=fast`, and compiled
+with `compiled`), and `decode_compiled` (`engine.kernels=compiled`). Each is the same function, up
+to fp32 rounding (tests/test_lean.py bounds the differences). The pieces every path shares (the
+norm, the rotary embedding, the packed pass) are functions of tensors in `recipe.compiled`.
 
 Only what it reproduces exactly is taken; `lean_llama` returns None otherwise and the callers use
 transformers: exactly a `LlamaForCausalLM` with the SDPA attention, default RoPE, no biases, SiLU,
