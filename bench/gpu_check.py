@@ -399,7 +399,7 @@ def run_pipeline(label: str, settings: Settings, out: Path, store: StoreHandle, 
     progress(f"{label} run: {settings.steps} steps, 2 tasks (logs in {out / 'logs'})")
     codes = start_and_wait(spec_path, out / "logs", label, num_tasks=2, deadline=deadline, settings=settings)
     reports = [_read_json(run_dir / f"task{rank}.json") for rank in range(2)]
-    result.weight_backend = _read_json(run_dir / "rendezvous.json").get("backend", "?")  # LeadTeam's choice
+    result.weight_backend = _read_json(run_dir / "rendezvous.json").get("weight_backend", "?")  # LeadTeam's choice for the weight group
     result.trainer_device = reports[0].get("trainer_device", "?")
     result.generator_device = reports[1].get("generator_device", "?")
     errors = [f"task {rank} exited {code}: {why_failed(code, out / 'logs' / f'{label}-task{rank}.log', reports[rank])}"
