@@ -983,6 +983,7 @@ main() {
         set) cmd_set "$@" ;;
         head-network) require_root && ensure_head_network ;;
         address) cmd_address ;;
+        address-multi) echo "$HEAD_ADDR" ;;
         kill-node) cmd_kill_node "$@" ;;
         revive-node) cmd_revive_node "$@" ;;
         partition) cmd_partition "$@" ;;
