@@ -702,11 +702,4 @@ def check_layout(cfg: RecipeConfig, *, num_nodes: int, tasks_per_node: int) -> L
             "async.mode", f"{cfg.async_.mode!r} with engine.generator_ranks={ranks}: separate generator ranks "
             "stream under 'pipeline' only; use async.mode=pipeline or engine.generator_ranks=0"
         )  # fmt: skip
-    trainers = layout.num_trainers
-    if num_nodes > 1 and trainers > tasks_per_node and trainers % tasks_per_node:
-        raise ConfigError(
-            key, f"{ranks} with {shape}: the {trainers} trainer ranks would share a node with generators; "
-            f"trainers fill whole nodes, so {tasks} - generator_ranks must be a multiple of {tasks_per_node} "
-            f"(or at most {tasks_per_node})"
-        )  # fmt: skip
     return layout
