@@ -268,6 +268,11 @@ class EngineConfig(Section):
     zero_stage: int = bounded(2, lo=0, hi=3)
     """DeepSpeed's ZeRO stage (engine.trainer=deepspeed): 0 plain data parallel, 1 optimizer
     state, 2 + gradients, 3 + parameters sharded over the trainer ranks."""
+    peer_timeout_s: float = bounded(1800.0, lo=1.0, hi=7 * 86400.0)
+    """Seconds one task of a multi-task run waits for another before it fails the attempt naming
+    whom it waited for: joining the groups, a weight push, trainer rank 0 waiting for rollouts, a
+    generator waiting for its next command. Longer than trainer rank 0's longest silence in a
+    healthy run (its evaluation and checkpoint); docs/multinode.md."""
     kernels: Literal["reference", "fast", "compiled"] = "reference"
     """reference: the trainer's pass is transformers' Llama forward and the update torch's AdamW,
     bit for bit. fast (the torch trainer): each prompt's positions computed once for its group in
