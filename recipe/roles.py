@@ -58,6 +58,7 @@ from recipe.sampler import Completions
 from recipe.transport import (
     ControlClient,
     ControlServer,
+    PeerLost,
     group_from_wire,
     group_to_wire,
     meta_from_wire,
@@ -67,13 +68,8 @@ from recipe.transport import (
 log = logging.getLogger("recipe")
 
 RENDEZVOUS_FILE = "rendezvous.json"
+TASKS_DIR = "tasks"
 TRAINER_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-def peer_timeout_s() -> float:
-    """How long a task waits for another before it gives up ($SWEEP_PEER_TIMEOUT_S, default 1800):
-    long enough for trainer rank 0's evaluation and checkpoints, during which the others wait."""
-    return float(os.environ.get("SWEEP_PEER_TIMEOUT_S", "1800"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,13 +166,52 @@ def wait_for_rendezvous(run_dir: Path, attempt_key: str, timeout_s: float) -> Re
     )
 
 
+def rendezvous_host(env: TaskEnv, environ: Mapping[str, str] = os.environ) -> str:
+    """Trainer rank 0's address for the others: the name Slurm gives its node (the first of the
+    job's node list), else the machine's name. In a job that spans nodes a name that resolves to a
+    loopback address could never be reached from another node: refused here, saying so."""
+    host = environ.get("SLURMD_NODENAME") or socket.gethostname()
+    if env.num_nodes > 1:
+        try:
+            address = socket.gethostbyname(host)
+        except OSError as exc:
+            raise RuntimeError(f"trainer rank 0's node name {host!r} does not resolve ({exc}); the other nodes could not reach it") from exc
+        if address.startswith("127."):
+            raise RuntimeError(
+                f"trainer rank 0's node name {host!r} resolves to the loopback address {address}: the other nodes of "
+                "this job could never reach it; make Slurm's node names resolve to the nodes' cluster addresses"
+            )
+    return host
+
+
+def announce(run_dir: Path, env: TaskEnv, role: str, rank: int) -> None:
+    """Record where this task runs (RUN_DIR/tasks/ATTEMPT/TASK.json), for trainer rank 0's provenance."""
+    folder = run_dir / TASKS_DIR / env.attempt_key
+    folder.mkdir(parents=True, exist_ok=True)
+    entry = {"task": env.rank, "role": role, "rank": rank, "host": socket.gethostname(), "pid": os.getpid()}
+    staging = folder / f".{env.rank}.{os.getpid()}.tmp"
+    staging.write_text(json.dumps(entry))
+    os.replace(staging, folder / f"{env.rank}.json")
+
+
+def task_hosts(run_dir: Path, attempt_key: str) -> list[dict[str, Any]]:
+    """Every task that announced itself in this attempt, in task order."""
+    entries = []
+    for path in (run_dir / TASKS_DIR / attempt_key).glob("*.json"):
+        try:
+            entries.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(entries, key=lambda e: e["task"])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
 
 
-def join_trainer_group(env: TaskEnv, layout: Layout, rendezvous: Rendezvous) -> None:
+def join_trainer_group(env: TaskEnv, layout: Layout, rendezvous: Rendezvous, timeout_s: float) -> None:
     """The trainers' own default group; its variables are exported for engines that read them (DeepSpeed)."""
     os.environ.update(
         WORLD_SIZE=str(layout.num_trainers),
@@ -187,7 +222,7 @@ def join_trainer_group(env: TaskEnv, layout: Layout, rendezvous: Rendezvous) -> 
     )
     if rendezvous.backend == "nccl":
         torch.cuda.set_device(device_for(env))
-    dist.init_process_group(rendezvous.backend, init_method="env://", timeout=timedelta(seconds=peer_timeout_s()))
+    dist.init_process_group(rendezvous.backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
 
 
 def leave_trainer_env() -> None:
@@ -284,29 +319,40 @@ class LeadTeam:
         self.num_gpus = min(env.num_tasks, gpus_per_node * env.num_nodes)  # what the job holds, not its tasks
         backend = "nccl" if gpus_per_node else "gloo"
         weight_backend = "nccl" if gpus_per_node >= env.tasks_per_node else "gloo"
+        self.timeout_s = cfg.engine.peer_timeout_s
         self.control = ControlServer(layout.num_generators)
+        announce(run_dir, env, "trainer", 0)
         self.rendezvous = Rendezvous(
-            env.attempt_key, socket.gethostname(), self.control.port, free_port(), free_port(), backend, weight_backend
+            env.attempt_key, rendezvous_host(env), self.control.port, free_port(), free_port(), backend, weight_backend
         )
         publish(run_dir, self.rendezvous)
         log(
             f"layout: {layout.num_trainers} trainer rank(s), {layout.num_generators} generator rank(s) "
             f"on {layout.num_nodes} node(s); control {self.rendezvous.control_address}"
         )
-        join_trainer_group(env, layout, self.rendezvous)
+        join_trainer_group(env, layout, self.rendezvous, self.timeout_s)
         self._wait_for_generators()
+        # Every task has announced itself before it joined: the trainers' group and the
+        # generators' hello are behind us.
+        self.hosts = task_hosts(run_dir, env.attempt_key)
+        generators = [t for t in self.hosts if t["role"] == "generator"]
+        self.control.names = {t["rank"]: f"generator {t['rank']} (task {t['task']} on {t['host']})" for t in generators}
+        self.control.tasks = {t["rank"]: t["task"] for t in generators}
+        log("tasks: " + ", ".join(f"{t['role']} {t['rank']} on {t['host']}" for t in self.hosts))
         spec = WeightGroupSpec(
-            self.rendezvous.host, self.rendezvous.weight_port, layout.num_generators, weight_backend, peer_timeout_s()
+            self.rendezvous.host, self.rendezvous.weight_port, layout.num_generators, weight_backend, self.timeout_s
         )
         self.sender = weight_sender(cfg, spec)
         self.leader: LeadTrainer | None = None
 
     def _wait_for_generators(self) -> None:
-        waiting, deadline = set(range(self.layout.num_generators)), time.monotonic() + peer_timeout_s()
+        waiting, deadline = set(range(self.layout.num_generators)), time.monotonic() + self.timeout_s
         while waiting:
             got = self.control.recv(timeout_s=max(0.0, deadline - time.monotonic()))
             if got is None:
-                raise TimeoutError(f"generator ranks {sorted(waiting)} did not connect within {peer_timeout_s():.0f} s")
+                raise TimeoutError(
+                    f"generator ranks {sorted(waiting)} did not connect within engine.peer_timeout_s={self.timeout_s:.0f} s"
+                )
             index, message = got
             _raise_if_error(index, message)
             waiting.discard(index)
@@ -411,7 +457,8 @@ class PipelineRollouts:
     # -- the source --------------------------------------------------------------------------
 
     def next_rollout(self, state: train_mod.RunState) -> train_mod.Rollout:
-        deadline = time.monotonic() + peer_timeout_s()
+        timeout_s = state.cfg.engine.peer_timeout_s
+        deadline = time.monotonic() + timeout_s
         while True:
             taken = self.take_batch(state.step)
             if taken is not None:
@@ -424,11 +471,15 @@ class PipelineRollouts:
                 raise train_mod.StopBeforeStep("a stop signal arrived while waiting for rollouts")
             self.dispatch(state)
             if self.receive(state, timeout_s=1.0):
-                deadline = time.monotonic() + peer_timeout_s()
+                deadline = time.monotonic() + timeout_s
             elif time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"no rollouts from the generator ranks for {peer_timeout_s():.0f} s "
-                    f"({len(self.in_flight)} groups in flight, {len(self.arrived)} waiting)"
+                waited_on = sorted({index for _, index in self.in_flight.values()})
+                raise PeerLost(
+                    f"no rollouts for engine.peer_timeout_s={timeout_s:.0f} s from "
+                    f"{', '.join(self.control.name(i) for i in waited_on) or 'the generator ranks'} "
+                    f"({len(self.in_flight)} groups in flight, {len(self.arrived)} waiting): "
+                    "the process died, or its node or the network between is down",
+                    tuple(self.control.tasks[i] for i in waited_on if i in self.control.tasks),
                 )
 
     def after_step(self, state: train_mod.RunState) -> dict[str, float]:
@@ -570,7 +621,13 @@ class PipelineRollouts:
         """Version `state.step` to every generator: its meta over the control channel, then the tensors."""
         weights = list(state.trainer.named_weights())
         self.control.broadcast({"type": "weights", "version": state.step, "meta": meta_to_wire(weight_meta(weights))})
-        self.sender.push(weights, version=state.step)
+        try:
+            self.sender.push(weights, version=state.step)
+        except RuntimeError as exc:  # the collective's own timeout (engine.peer_timeout_s) or a closed peer
+            everyone = ", ".join(self.control.name(i) for i in range(self.control.num_generators))
+            raise PeerLost(
+                f"the weight push of version {state.step} to {everyone} failed: {exc}", tuple(self.control.tasks.values())
+            ) from exc
         self.generator_version = state.step
 
 
@@ -594,11 +651,14 @@ def run_peer(cfg: RecipeConfig, run_dir: Path, env: TaskEnv, log: Callable[[str]
     """Task `env.rank` > 0 of a multi-task run: a trainer follower or a generator."""
     ignore_stop_signals()
     layout = layout_of(cfg, env)
-    rendezvous = wait_for_rendezvous(run_dir, env.attempt_key, peer_timeout_s())
+    timeout_s = cfg.engine.peer_timeout_s
+    rendezvous = wait_for_rendezvous(run_dir, env.attempt_key, timeout_s)
     torch.set_num_threads(cfg.engine.threads)
     if layout.is_trainer(env.rank):
+        announce(run_dir, env, "trainer", env.rank)
         run_trainer_follower(cfg, env, layout, rendezvous, log)
         return f"trainer rank {env.rank} done"
+    announce(run_dir, env, "generator", layout.generator_index(env.rank))
     run_generator(cfg, layout, rendezvous, env, log)
     return f"generator {layout.generator_index(env.rank)} done"
 
@@ -606,7 +666,7 @@ def run_peer(cfg: RecipeConfig, run_dir: Path, env: TaskEnv, log: Callable[[str]
 def run_trainer_follower(
     cfg: RecipeConfig, env: TaskEnv, layout: Layout, rendezvous: Rendezvous, log: Callable[[str], None]
 ) -> None:
-    join_trainer_group(env, layout, rendezvous)
+    join_trainer_group(env, layout, rendezvous, cfg.engine.peer_timeout_s)
     try:
         torch.manual_seed(cfg.seed)
         model, _ = load_policy(
@@ -643,11 +703,12 @@ def run_generator(
         engine = build_generator(cfg, env, log)
         client.send({"type": "hello", "index": index})
         spec = WeightGroupSpec(
-            rendezvous.host, rendezvous.weight_port, layout.num_generators, rendezvous.weight_backend, peer_timeout_s()
-        )
+            rendezvous.host, rendezvous.weight_port, layout.num_generators, rendezvous.weight_backend,
+            cfg.engine.peer_timeout_s,
+        )  # fmt: skip
         engine.join_weight_group(spec, index)
         log(f"generator {index}: joined the weight group ({rendezvous.weight_backend})")
-        _generate_until_stopped(engine, client, index, log)
+        _generate_until_stopped(engine, client, index, log, cfg.engine.peer_timeout_s)
     except Exception as exc:
         client.send({"type": "error", "message": f"{type(exc).__name__}: {exc}"})
         raise
@@ -655,7 +716,9 @@ def run_generator(
         client.close()
 
 
-def _generate_until_stopped(engine: Any, client: ControlClient, index: int, log: Callable[[str], None]) -> None:
+def _generate_until_stopped(
+    engine: Any, client: ControlClient, index: int, log: Callable[[str], None], timeout_s: float
+) -> None:
     """Each "groups" message also carries `busy_seconds`: the wall time since the previous one
     during which groups were in flight, pushes excluded (the engine's generation time)."""
     running = 0  # groups submitted and not yet sent back
@@ -693,8 +756,8 @@ def _generate_until_stopped(engine: Any, client: ControlClient, index: int, log:
                 busy_seconds, busy_since = busy_seconds + now - busy_since, (now if running else None)
                 client.send(_groups_message(groups) | {"busy_seconds": busy_seconds})
                 busy_seconds = 0.0
-        elif time.monotonic() - last_heard > peer_timeout_s():
-            raise TimeoutError(f"nothing from trainer rank 0 for {peer_timeout_s():.0f} s")
+        elif time.monotonic() - last_heard > timeout_s:
+            raise PeerLost(f"nothing from trainer rank 0 for engine.peer_timeout_s={timeout_s:.0f} s")
 
 
 def _groups_message(groups: list[Group]) -> dict[str, Any]:
