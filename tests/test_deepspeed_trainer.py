@@ -25,11 +25,11 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from recipe import checkpoint, train  # noqa: E402
+from recipe.loop import checkpoint, train  # noqa: E402
 from recipe.config import NotAvailableError, resolve  # noqa: E402
 from recipe.engines.base import TrainBatch  # noqa: E402
-from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer  # noqa: E402
-from recipe.precision import upcast_lm_head  # noqa: E402
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer  # noqa: E402
+from recipe.model.precision import upcast_lm_head  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 GROUP_SIZE = 3
@@ -63,8 +63,8 @@ def random_batch(num_groups: int, seed: int) -> TrainBatch:
 
 
 def make_trainer(engine: str, stage: int = 2, bf16: bool = False):
-    """The trainer `recipe.train.build_trainer` builds for `engine` (AdamW from `build_optimizer`);
-    `bf16`: bf16 weights with the FP32 LM head (what `recipe.model.load_policy` makes on GPU), and
+    """The trainer `recipe.loop.train.build_trainer` builds for `engine` (AdamW from `build_optimizer`);
+    `bf16`: bf16 weights with the FP32 LM head (what `recipe.model.policy.load_policy` makes on GPU), and
     one fp32 parameter besides (the final norm's), so that the model holds two dtypes."""
     cfg = resolve(CFG | {"engine.trainer": engine, "engine.zero_stage": stage})
     model = tiny_model()
@@ -254,7 +254,7 @@ def test_fast_kernels_leave_the_deepspeed_trainer_as_it_is(monkeypatch):
     """engine.kernels fast and compiled are the torch trainer's: the DeepSpeed trainer shares no
     prompt, compiles nothing and keeps its unfused AdamW, so the step is the reference step, bit
     for bit, not a partial mix."""
-    from recipe import lean
+    from recipe.model import lean
 
     calls = []
     shared = lean.LeanLlama.shared_prefix_logits
@@ -280,8 +280,8 @@ def test_a_one_task_run_trains_and_leaves_no_process_group(tmp_path_factory, tmp
     """`train.train` in this process: the trainer's own one-rank group is gone when it returns."""
     from conftest import small_recipe
 
-    from recipe import builtin
-    from recipe.sink import MemorySink
+    from recipe.tasks import builtin
+    from recipe.telemetry.sinks import MemorySink
 
     base = builtin.WarmupRecipe(num_steps=100, lr=1e-3, label_smoothing=0.0)
     model_dir = builtin.builtin_model_dir("sort6-test", base, tmp_path_factory.mktemp("cache"), lambda _: None)

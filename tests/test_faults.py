@@ -447,7 +447,7 @@ def test_max_parallel_one_holds_after_the_scheduler_is_sigkilled(sweep_file, sql
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from recipe import builtin
+    from recipe.tasks import builtin
 
     base = builtin.WarmupRecipe(num_steps=100, lr=1e-3, label_smoothing=0.0)
     return builtin.builtin_model_dir("sort6-test", base, tmp_path_factory.mktemp("cache"), lambda _: None)
@@ -457,9 +457,9 @@ def tiny_model_dir(tmp_path_factory):
 def test_training_resumes_from_an_older_checkpoint_when_the_newest_does_not_fit(tiny_model_dir, tmp_path):
     import torch
 
-    from recipe import checkpoint, train
+    from recipe.loop import checkpoint, train
     from recipe.config import resolve
-    from recipe.sink import MemorySink
+    from recipe.telemetry.sinks import MemorySink
 
     flat = {
         "model.path": str(tiny_model_dir), "data.num_train_prompts": 200, "data.num_valid_prompts": 16,

@@ -1,4 +1,4 @@
-"""The lean Llama forward (recipe.lean) against transformers' own: bit for bit (torch.equal).
+"""The lean Llama forward (recipe.model.lean) against transformers' own: bit for bit (torch.equal).
 
 Every comparison runs the same thing twice, once with `SWEEP_LEAN=0` (transformers) and once with
 the lean path, from the same weights and the same generator seed.
@@ -10,14 +10,16 @@ import dataclasses
 import pytest
 import torch
 
-from recipe import compiled, lean, tasks, tasks_think, train
-from recipe.builtin import SUMK_SMALL_SHAPE
+from recipe.loop import train
+from recipe.model import compiled, lean
+from recipe.tasks import task as tasks, sumk as tasks_think
+from recipe.tasks.builtin import SUMK_SMALL_SHAPE
 from recipe.config import resolve
-from recipe.lean import LeanCache, lean_llama
-from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
-from recipe.precision import upcast_lm_head
-from recipe.sampler import Decoding, InterruptRule, sample
-from recipe.tasks import load_task
+from recipe.model.lean import LeanCache, lean_llama
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
+from recipe.model.precision import upcast_lm_head
+from recipe.model.sampler import Decoding, InterruptRule, sample
+from recipe.tasks.task import load_task
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -444,7 +446,7 @@ def assert_same_steps_up_to_rounding(want_state, want, got_state, got):
 
 
 def count_compiled_calls(monkeypatch):
-    """Per function of `recipe.compiled`, how many times its compiled form was called."""
+    """Per function of `recipe.model.compiled`, how many times its compiled form was called."""
     calls = {"compiled_packed_pass": 0, "compiled_decode_step": 0}
 
     def counting(name, real):

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from recipe import math as rmath
+from recipe.tasks.math import score as rmath
 from recipe.config import ConfigError, resolve
-from recipe.math import MathDataError, check_math_data, read_math_jsonl
-from recipe.math_sample import SAMPLE_PATH, sample_jsonl
-from recipe.tasks import load_task, render_chat_prompt
+from recipe.tasks.math.score import MathDataError, check_math_data, read_math_jsonl
+from recipe.tasks.math.sample import SAMPLE_PATH, sample_jsonl
+from recipe.tasks.task import load_task, render_chat_prompt
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -24,7 +24,7 @@ def _pool():
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
-    from recipe.math_tiny import build_math_tiny
+    from math_tiny import build_math_tiny
 
     return build_math_tiny(tmp_path_factory.mktemp("math-tiny"))
 
@@ -206,8 +206,8 @@ def small_math_config(model_dir: Path, **overrides):
 
 @pytest.mark.usefixtures("torch_one_thread")
 def test_a_tiny_model_trains_on_the_sample_and_writes_eval_points(tiny_dir, tmp_path):
-    from recipe import train
-    from recipe.sink import MemorySink
+    from recipe.loop import train
+    from recipe.telemetry.sinks import MemorySink
 
     sink = MemorySink()
     outcome = train.train(small_math_config(tiny_dir), tmp_path / "run", sink, log=lambda _: None)

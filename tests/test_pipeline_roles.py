@@ -12,8 +12,8 @@ import pytest
 import torch.multiprocessing as mp
 from conftest import small_recipe
 
-from recipe import builtin
-from recipe.sink import MemorySink
+from recipe.tasks import builtin
+from recipe.telemetry.sinks import MemorySink
 
 pytestmark = pytest.mark.slow
 TEST_BASE = builtin.WarmupRecipe(num_steps=100, lr=1e-3, label_smoothing=0.0)
@@ -33,7 +33,8 @@ def _task(rank: int, config: dict, run_dir: str, attempt: str, stop_after: int |
     os.environ.update(SWEEP_NUM_TASKS="3", SWEEP_TASK_RANK=str(rank), SWEEP_ATTEMPT=attempt, SWEEP_PEER_TIMEOUT_S="120")
     from pathlib import Path
 
-    from recipe import roles, train
+    from recipe.loop import train
+    from recipe.pipeline import roles
     from recipe.config import RecipeConfig
 
     cfg, run_path, env = RecipeConfig.from_dict(config), Path(run_dir), roles.task_env()

@@ -11,11 +11,11 @@ import threading
 import pytest
 import torch
 
-from recipe import tasks
+from recipe.tasks import task as tasks
 from recipe.engines.torch_generator import TorchGenerator
 from recipe.engines.weights import TorchWeightSender, WeightGroupSpec, weight_checksums, weight_meta
-from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
-from recipe.sampler import sample
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
+from recipe.model.sampler import sample
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

@@ -38,13 +38,13 @@ def test_an_fp32_head_on_one_side_only_is_far_worse():
     assert one_mean > 100 * max(fp32_mean, both_mean), (fp32_mean, both_mean, one_mean)
 
 
-# --- recipe.precision: the body's dtype and the FP32 LM head (weight in the body's dtype) ---------
+# --- recipe.model.precision: the body's dtype and the FP32 LM head (weight in the body's dtype) ---------
 
 import torch  # noqa: E402
 
-from recipe import tasks  # noqa: E402
-from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer  # noqa: E402
-from recipe.precision import body_dtype, has_fp32_head, upcast_lm_head, vllm_dtype  # noqa: E402
+from recipe.tasks import task as tasks  # noqa: E402
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer  # noqa: E402
+from recipe.model.precision import body_dtype, has_fp32_head, upcast_lm_head, vllm_dtype  # noqa: E402
 
 
 @pytest.fixture(scope="module")

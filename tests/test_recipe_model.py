@@ -6,16 +6,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from recipe import builtin, tasks
+from recipe.tasks import builtin, task as tasks
 from recipe.config import ConfigError
-from recipe.model import (
+from recipe.model.policy import (
     TinyLlamaShape,
     build_tiny_llama,
     build_tokenizer,
     load_policy,
     matmul_param_count,
 )
-from recipe.precision import upcast_lm_head
+from recipe.model.precision import upcast_lm_head
 
 QUICK = builtin.WarmupRecipe(num_steps=2, batch_size=8)
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from recipe import tasks
-from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
-from recipe.sampler import InterruptRule, decode, sample
+from recipe.tasks import task as tasks
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
+from recipe.model.sampler import InterruptRule, decode, sample
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -109,7 +109,7 @@ def test_max_new_tokens_must_be_positive(policy, prompt_ids):
 @pytest.fixture(scope="module")
 def thinker():
     """A random tiny Llama on sumk's symbols that never closes its thinking or ends by itself."""
-    from recipe import tasks_think
+    from recipe.tasks import sumk as tasks_think
 
     tokenizer = build_tokenizer(tasks_think.VOCABULARY, eos=tasks_think.EOS, pad=tasks_think.PAD)
     model = build_tiny_llama(TinyLlamaShape(), tokenizer, seed=1)

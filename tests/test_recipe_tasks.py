@@ -2,7 +2,7 @@
 
 import pytest
 
-from recipe import tasks
+from recipe.tasks import task as tasks
 from recipe.config import ConfigError, DataConfig
 
 
@@ -79,7 +79,7 @@ def test_load_task_builds_sort6_and_names_a_missing_math_jsonl_file():
 
 
 def test_load_task_builds_sumk_with_its_difficulty_mixture_and_cap():
-    from recipe import tasks_think
+    from recipe.tasks import sumk as tasks_think
 
     task = tasks.load_task(
         DataConfig(task="sumk", num_train_prompts=300, num_valid_prompts=50, sumk_min_digits=3, sumk_max_digits=5)
@@ -93,7 +93,8 @@ def test_load_task_builds_sumk_with_its_difficulty_mixture_and_cap():
 
 
 def test_sumk_limits_in_the_torch_free_config_match_the_task():
-    from recipe import config, tasks_think
+    from recipe import config
+    from recipe.tasks import sumk as tasks_think
 
     assert config.SUMK_DIGITS == (tasks_think.MIN_DIGITS, tasks_think.MAX_DIGITS)
     assert config.SUMK_ANSWER_TOKENS == 1 + tasks_think.ANSWER_TOKENS

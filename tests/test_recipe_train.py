@@ -7,10 +7,11 @@ import pytest
 import torch
 from conftest import small_recipe
 
-from recipe import builtin, checkpoint, train
+from recipe.loop import checkpoint, train
+from recipe.tasks import builtin
 from recipe.config import ConfigError, NotAvailableError, resolve
-from recipe.sink import MemorySink
-from recipe.tasks import load_task
+from recipe.telemetry.sinks import MemorySink
+from recipe.tasks.task import load_task
 
 # A base that passes often enough (about 40 % sampled) for most groups to carry a signal.
 TEST_BASE = builtin.WarmupRecipe(num_steps=100, lr=1e-3, label_smoothing=0.0)

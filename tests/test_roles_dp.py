@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from recipe.config import LossConfig
 from recipe.engines.base import TrainBatch
 from recipe.engines.torch_trainer import TorchTrainer
-from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

@@ -5,11 +5,12 @@ engine refuses."""
 import pytest
 import torch
 
-from recipe import builtin, tasks_think, train
+from recipe.loop import train
+from recipe.tasks import builtin, sumk as tasks_think
 from recipe.config import ConfigError, NotAvailableError, resolve
-from recipe.math_tiny import build_char_tokenizer
-from recipe.sink import MemorySink
-from recipe.tasks import MATH_INTERRUPT_PHRASE, Task, load_task
+from math_tiny import build_char_tokenizer
+from recipe.telemetry.sinks import MemorySink
+from recipe.tasks.task import MATH_INTERRUPT_PHRASE, Task, load_task
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from bench_logprobs import base_model, vllm_mismatch  # noqa: E402
 
 from recipe.engines.vllm_engine import VllmGenerator, VllmSettings  # noqa: E402
-from recipe.model import TinyLlamaShape, build_tiny_llama, completion_logprobs  # noqa: E402
-from recipe.sampler import sample  # noqa: E402
-from recipe.tasks import sort6_prompt_sets  # noqa: E402
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, completion_logprobs  # noqa: E402
+from recipe.model.sampler import sample  # noqa: E402
+from recipe.tasks.task import sort6_prompt_sets  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

@@ -6,16 +6,16 @@ sort6, the built-in task, asks for the six digits of two 3-digit numbers in asce
     completion  0 1 3 4 7 9 </s>
 
 Text is whitespace-separated symbols, one token each, so the word-level tokenizer built in
-`recipe.model` maps it one to one. The reward is 1 for an exact match (the EOS included) and 0
+`recipe.model.policy` maps it one to one. The reward is 1 for an exact match (the EOS included) and 0
 otherwise; a wrong length, a missing EOS or a wrong digit all score 0.
 
-sumk (`recipe.tasks_think`) has a thinking phase and a length ceiling: the sum modulo 10 of k
+sumk (`recipe.tasks.sumk`) has a thinking phase and a length ceiling: the sum modulo 10 of k
 digits, worked out as running sums inside `<think>...</think>`; k is mixed over
 [data.sumk_min_digits, data.sumk_max_digits].
 
 math-jsonl reads `{prompt, answer}` rows from JSONL files (`data.train`, `data.valid`; docs/math.md).
 Each prompt is a user message rendered with the model's own chat template, and generation starts
-inside an open thinking block; the reward is `recipe.math.score_math`.
+inside an open thinking block; the reward is `recipe.tasks.math.score.score_math`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from recipe import math as math_check
-from recipe import tasks_think
+from recipe.tasks.math import score as math_check
+from recipe.tasks import sumk as tasks_think
 from recipe.config import ConfigError, DataConfig, NotAvailableError
 
 PAD = "<pad>"

@@ -5,15 +5,15 @@ a GPU node, one process each on CPU), every task running `recipe.job.main`. The 
 (`recipe.config.check_layout`): tasks 0..T-1 train, the last `engine.generator_ranks` generate.
 
 - **Trainer rank 0** (task 0) is the run: it talks to the store, owns the prompt order, the
-  admission counter and the drop rule (`recipe.lag`), scores rollouts, trains, evaluates,
+  admission counter and the drop rule (`recipe.loop.lag`), scores rollouts, trains, evaluates,
   checkpoints, and pushes the weights to the generators after every optimizer step. It runs
-  `recipe.train.train` with a `LeadTeam`.
+  `recipe.loop.train.train` with a `LeadTeam`.
 - **Trainer ranks 1..T-1** (`run_trainer_follower`) join the trainers' own torch.distributed
   group (gloo on CPU, NCCL on GPU; WORLD_SIZE/RANK/MASTER_ADDR/MASTER_PORT re-exported for it)
   and take every step with rank 0 on their share of the batch, which rank 0 broadcasts to them.
 - **Generators** (`run_generator`) never join that group. Each runs one streaming engine
   (torch or vLLM), takes prompt groups from rank 0 over the control channel
-  (`recipe.transport`, ZeroMQ), streams finished groups back, and joins every weight push over
+  (`recipe.pipeline.transport`, ZeroMQ), streams finished groups back, and joins every weight push over
   the weight group (`recipe.engines.weights`, trainer rank 0 + generators).
 
 How they meet: task 0 binds the control socket, picks the ports of the trainers' group and of
@@ -47,15 +47,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from recipe import train as train_mod
-from recipe.builtin import resolve_model_dir
+from recipe.loop import train as train_mod
+from recipe.tasks.builtin import resolve_model_dir
 from recipe.config import Layout, RecipeConfig, check_layout
 from recipe.engines.base import Group, TrainBatch, Trainer
 from recipe.engines.weights import TorchWeightSender, WeightGroupSpec, weight_meta
-from recipe.lag import Admission, Span, is_stale
-from recipe.model import load_policy
-from recipe.sampler import Completions
-from recipe.transport import (
+from recipe.loop.lag import Admission, Span, is_stale
+from recipe.model.policy import load_policy
+from recipe.model.sampler import Completions
+from recipe.pipeline.transport import (
     ControlClient,
     ControlServer,
     group_from_wire,
@@ -267,7 +267,7 @@ def follow(trainer: Trainer) -> None:
 
 
 class LeadTeam:
-    """The run's other tasks as trainer rank 0 sees them (a `recipe.train.Team`); a context
+    """The run's other tasks as trainer rank 0 sees them (a `recipe.loop.train.Team`); a context
     manager: leaving it stops every other task."""
 
     def __init__(
@@ -368,9 +368,9 @@ class _Arrived:
 
 
 class PipelineRollouts:
-    """PipelineRL-k on trainer rank 0 (a `recipe.train.RolloutSource`).
+    """PipelineRL-k on trainer rank 0 (a `recipe.loop.train.RolloutSource`).
 
-    Admission: a prompt group goes to the least busy generator only while `recipe.lag.Admission`
+    Admission: a prompt group goes to the least busy generator only while `recipe.loop.lag.Admission`
     allows it for the version the generators hold. Consumption: groups are taken in the order
     they finish; one whose oldest token is more than k versions behind the step is dropped
     (all its samples counted in `num_dropped`) and its admission slot given back. After each
@@ -379,7 +379,7 @@ class PipelineRollouts:
     Timings (train metrics of every step, from `after_step`): `weight_push_seconds` (the push
     alone, from the meta's broadcast until the last tensor has landed), `trainer_seconds` and
     `trainer_flops` (from handing out the batch until the push: the trainer's step, FLOPs as
-    `recipe.train` counts them), `trainer_tokens` (the positions trained: prompt + completion),
+    `recipe.loop.train` counts them), `trainer_tokens` (the positions trained: prompt + completion),
     `generated_tokens` and `generator_busy_seconds` (completion tokens that arrived since the
     previous step, and the generators' own time with groups in flight, pushes excluded).
     """

@@ -10,7 +10,7 @@ One optimizer step:
    cap (the task's own, below `length.max_new_tokens`), where it counts as truncated.
    `length.control=interrupt` (tasks with a thinking phase: sumk, math-jsonl): each completion
    gets a thinking budget drawn from [interrupt_min, interrupt_max]; one still thinking at its
-   budget gets the end-of-thinking phrase appended and goes on to answer (`recipe.sampler`). The
+   budget gets the end-of-thinking phrase appended and goes on to answer (`recipe.model.sampler`). The
    forced tokens are context for the policy but not its actions: they are left out of the loss.
    A task without a thinking phase (sort6) accepts interrupt only with budgets beyond its cap.
 3. Rewards: the task's verifiable reward; with `length.control=penalty` plus DAPO's overlong
@@ -38,12 +38,12 @@ step.
 
 Compute, cumulative, in every eval point: `flops` = 2·N·(prompt + completion tokens) generated +
 6·N·(prompt + completion tokens) trained, with N every parameter but the input embedding table
-(`recipe.model.matmul_param_count`; a lookup costs no multiply-adds); attention FLOPs are left
+(`recipe.model.policy.matmul_param_count`; a lookup costs no multiply-adds); attention FLOPs are left
 out (tiny at these lengths), and so is evaluation. `tokens` = completion tokens generated for
 training. `device_seconds` = wall time of training steps (generation + update), without evaluation
 and checkpointing. `gpu_hours` = GPUs x those hours: 0 on this CPU engine.
 
-Checkpoints (`recipe.checkpoint`) every `checkpoint.every` steps, at the end, and when
+Checkpoints (`recipe.loop.checkpoint`) every `checkpoint.every` steps, at the end, and when
 `should_stop()` (asked once per step) returns true. A run resumes from its newest valid checkpoint
 and continues the same trajectory bit for bit: weights, AdamW state, step (the lr schedule is a
 function of it), compute counters, prompt order and NPR state, batches generated but not yet
@@ -65,19 +65,19 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from recipe import checkpoint
-from recipe.advantages import group_advantages, overlong_penalty, zero_variance_groups
-from recipe.builtin import resolve_model_dir
+from recipe.loop import checkpoint
+from recipe.loop.advantages import group_advantages, overlong_penalty, zero_variance_groups
+from recipe.tasks.builtin import resolve_model_dir
 from recipe.config import ConfigError, NotAvailableError, RecipeConfig, flatten
-from recipe.curriculum import PromptDrawer
+from recipe.loop.curriculum import PromptDrawer
 from recipe.engines.base import TrainBatch, Trainer
 from recipe.engines.torch_trainer import TorchTrainer
-from recipe.lag import Span, lag_metrics
-from recipe.model import load_policy, matmul_param_count
-from recipe.sampler import Completions, Interrupt, InterruptRule, decode, sample
-from recipe.sink import Sink
-from recipe.tasks import Task, load_task
-from recipe.waits import WaitWatch
+from recipe.loop.lag import Span, lag_metrics
+from recipe.model.policy import load_policy, matmul_param_count
+from recipe.model.sampler import Completions, Interrupt, InterruptRule, decode, sample
+from recipe.telemetry.sinks import Sink
+from recipe.tasks.task import Task, load_task
+from recipe.telemetry.waits import WaitWatch
 
 EVAL_CHUNK = 4096
 """Held-out sequences sampled in one batch: bounds the KV cache's memory."""
@@ -118,7 +118,7 @@ class Rollout:
     versions_B2: torch.Tensor | None = None
     """Per sample, the policy versions of its first and last token; None: all `policy_version`."""
     num_dropped: int = 0
-    """Samples the drop rule discarded while this batch was assembled (`recipe.lag`)."""
+    """Samples the drop rule discarded while this batch was assembled (`recipe.loop.lag`)."""
 
     def spans(self) -> list[Span]:
         """Each sample's version span, in row order."""
@@ -175,7 +175,7 @@ class StopBeforeStep(Exception):
 
 class RolloutSource(Protocol):
     """Where trainer rank 0's batches come from: this process (`LocalRollouts`) or generator
-    ranks streaming under PipelineRL-k (`recipe.roles.PipelineRollouts`)."""
+    ranks streaming under PipelineRL-k (`recipe.pipeline.roles.PipelineRollouts`)."""
 
     def next_rollout(self, state: RunState) -> Rollout: ...
 
@@ -187,7 +187,7 @@ class RolloutSource(Protocol):
 
 
 class Team(Protocol):
-    """The run's other ranks as trainer rank 0 sees them (`recipe.roles`); `SOLO` for one task."""
+    """The run's other ranks as trainer rank 0 sees them (`recipe.pipeline.roles`); `SOLO` for one task."""
 
     num_gpus: int
 
@@ -320,7 +320,7 @@ def is_eval_step(step: int, cfg: RecipeConfig) -> bool:
 
 def check_engine(cfg: RecipeConfig) -> None:
     """The engines this version runs: torch everywhere, DeepSpeed (ZeRO stages 0-2) for the trainers
-    where it is installed, vLLM on generator ranks (`recipe.roles`); `auto` means vLLM and DeepSpeed
+    where it is installed, vLLM on generator ranks (`recipe.pipeline.roles`); `auto` means vLLM and DeepSpeed
     on a machine with CUDA, torch without."""
     import importlib.util
     import sys
@@ -461,7 +461,7 @@ def initial_state(
 
 def policy_device() -> torch.device:
     """Where this process keeps the policy: the GPU a multi-task run's role set as current
-    (`recipe.roles`), GPU 0 in a one-task run, the CPU without CUDA."""
+    (`recipe.pipeline.roles`), GPU 0 in a one-task run, the CPU without CUDA."""
     if not torch.cuda.is_available():
         return torch.device("cpu")
     return torch.device("cuda", torch.cuda.current_device())

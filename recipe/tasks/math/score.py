@@ -19,7 +19,7 @@ math-verify's own timeouts use `signal.alarm`, which fails outside a main thread
 pathological answer (`9^{9^{9^{9^9}}}`) can compute for minutes; past the limit the parent kills
 the worker, scores 0 and starts a fresh one. The workers are started once (lazily) and reused;
 calls from several threads are serialised on one lock. This module imports neither math-verify
-nor torch: only the workers (and `recipe.math_worker`) import math-verify.
+nor torch: only the workers (and `recipe.tasks.math.worker`) import math-verify.
 """
 
 from __future__ import annotations
@@ -281,7 +281,7 @@ class _Worker:
     def spawn(cls) -> _Worker:
         """Start the process; it is usable once `wait_ready` returns."""
         process = subprocess.Popen(
-            [sys.executable, "-m", "recipe.math_worker"],
+            [sys.executable, "-m", "recipe.tasks.math.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -433,7 +433,7 @@ def _pool() -> _Pool:
 
 
 def _package_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return str(Path(__file__).resolve().parents[3])
 
 
 atexit.register(shutdown)

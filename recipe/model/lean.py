@@ -31,7 +31,7 @@ the same order, with the same shapes, on the same parameters, so its logits, its
 - Rows that repeat the prompt of the row before them (a group's G samples) share one prefill
   (`prefill_shared`): a row's matmul, attention and norm results do not depend on the other rows
   of the batch, so the logits and the cache are those of the whole batch's prefill, bit for bit,
-  for 1/G of its arithmetic. The sampler runs in inference mode (`recipe.sampler`).
+  for 1/G of its arithmetic. The sampler runs in inference mode (`recipe.model.sampler`).
 
 Nothing is copied: every weight is read from its module at every call, so in-place loads
 (`load_state_dict`, `copy_`), optimizer steps and even replaced parameters apply at once. No
@@ -42,12 +42,12 @@ Two paths are *not* bit for bit, and are taken only when asked for: `shared_pref
 trainer's pass with each prompt computed once for its group (`engine.kernels=fast`, and compiled
 with `compiled`), and `decode_compiled` (`engine.kernels=compiled`). Each is the same function, up
 to fp32 rounding (tests/test_lean.py bounds the differences). The pieces every path shares (the
-norm, the rotary embedding, the packed pass) are functions of tensors in `recipe.compiled`.
+norm, the rotary embedding, the packed pass) are functions of tensors in `recipe.model.compiled`.
 
 Only what it reproduces exactly is taken; `lean_llama` returns None otherwise and the callers use
 transformers: exactly a `LlamaForCausalLM` with the SDPA attention, default RoPE, no biases, SiLU,
 no pretraining_tp, no forward hooks (module or global), no replaced forwards (except the FP32 head
-of `recipe.precision.upcast_lm_head`, which is called as it is), no gradient checkpointing, and
+of `recipe.model.precision.upcast_lm_head`, which is called as it is), no gradient checkpointing, and
 no attention dropout in training mode. Left-padded rows (math-jsonl's prompt mask) always take
 transformers.
 
@@ -66,7 +66,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as nn_module
 
-from recipe import compiled as compiled_kernels
+from recipe.model import compiled as compiled_kernels
 
 _LEAN: weakref.WeakKeyDictionary[torch.nn.Module, LeanLlama | None] = weakref.WeakKeyDictionary()
 
@@ -237,7 +237,7 @@ class LeanLlama:
                 if type(linear) is not torch.nn.Linear or linear.bias is not None:
                     return
         self._structure_ok = True
-        self.spec = compiled_kernels.Spec.of(self)  # the sizes `recipe.compiled` takes
+        self.spec = compiled_kernels.Spec.of(self)  # the sizes `recipe.model.compiled` takes
 
     def applies(self) -> bool:
         """Checked at every forward: hooks, replaced modules or forwards, attention implementation,
@@ -374,7 +374,7 @@ class LeanLlama:
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.head
-        if "forward" in head.__dict__:  # the FP32 head (recipe.precision): its forward, as it is
+        if "forward" in head.__dict__:  # the FP32 head (recipe.model.precision): its forward, as it is
             return head.forward(hidden)
         return F.linear(hidden, head._parameters["weight"])
 
@@ -403,7 +403,7 @@ class LeanLlama:
 
     def decode_compiled(self, cache: LeanCache, token_B: torch.Tensor) -> torch.Tensor:
         """`extend(cache, token_B[:, None])[:, -1]` with the step through `torch.compile`
-        (`engine.kernels=compiled`; `recipe.compiled`): the same function, rounded differently."""
+        (`engine.kernels=compiled`; `recipe.model.compiled`): the same function, rounded differently."""
         if cache.capacity is None or cache.keys[0] is None:
             raise ValueError("a compiled decode step needs a prefilled cache with a capacity")
         position = cache.length
@@ -444,7 +444,7 @@ class LeanLlama:
         relative; tests/test_lean.py).
 
         compiled (`engine.kernels=compiled`): the pass before the head through `torch.compile`
-        (`recipe.compiled.packed_pass`: its elementwise work fused into a few generated kernels).
+        (`recipe.model.compiled.packed_pass`: its elementwise work fused into a few generated kernels).
         """
         packing = Packing.of(self, prompt_ids_BP, tokens_BT, groups)
         if not compiled:

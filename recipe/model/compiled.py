@@ -11,7 +11,7 @@ and their backward) becomes a few generated loops around the matmuls. What keeps
 calls cheap:
 
 - they take tensors (the weights as a flat list read afresh at every call, so in-place loads and
-  optimizer steps apply at once), the packed pass's layout (`recipe.lean.Packing`) and a frozen
+  optimizer steps apply at once), the packed pass's layout (`recipe.model.lean.Packing`) and a frozen
   `Spec` of sizes: the guards torch checks at every call are a few tensor properties, not a walk
   over the model's modules;
 - the decode step's shapes do not change within a batch: attention reads all of the cache's
@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from recipe.lean import LeanLlama, Packing
+    from recipe.model.lean import LeanLlama, Packing
 
 _PER_LAYER = 9
 """Weights per layer in `weights`' order: input norm, q, k, v, o, post norm, gate, up, down."""

@@ -35,10 +35,10 @@ import transformers
 from filelock import FileLock
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from recipe import tasks, tasks_think
+from recipe.tasks import task as tasks, sumk as tasks_think
 from recipe.config import ConfigError, cache_root
-from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer
-from recipe.sampler import decode, sample
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer
+from recipe.model.sampler import decode, sample
 
 BUILTIN_PREFIX = "builtin:"
 BUILDER_VERSION = 1
@@ -241,7 +241,7 @@ def sumk_supervised_warmup(model: PreTrainedModel, tokenizer: PreTrainedTokenize
 
     Sequences of different lengths are right-padded (causal attention: padding after a sequence
     changes nothing before it), so positions count from each sequence's first token, as they do
-    for the left-padded prompts of RL (`recipe.sampler.padding_inputs`).
+    for the left-padded prompts of RL (`recipe.model.sampler.padding_inputs`).
     """
     prompts = tasks_think.warmup_prompts(NUM_SUMK_WARMUP_PROMPTS, recipe.seed)
     rows = [

