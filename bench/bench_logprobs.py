@@ -39,11 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM logs to stdout, which is the table
 
-from recipe.tasks.builtin import resolve_model_dir  # noqa: E402
 from recipe.engines.base import Sample  # noqa: E402
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, completion_logprobs, load_policy  # noqa: E402
 from recipe.model.precision import upcast_lm_head  # noqa: E402
 from recipe.model.sampler import sample  # noqa: E402
+from recipe.tasks.builtin import resolve_model_dir  # noqa: E402
 from recipe.tasks.task import sort6_prompt_sets  # noqa: E402
 
 CASES = {

@@ -53,19 +53,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from recipe.loop import train  # noqa: E402
+from recipe.config import resolve  # noqa: E402
+from recipe.loop.checks import generation_cap  # noqa: E402
+from recipe.loop.rollout import LocalRollouts  # noqa: E402
+from recipe.loop.state import initial_state  # noqa: E402
+from recipe.loop.train import train_step  # noqa: E402
 from recipe.tasks import task as tasks
 from recipe.tasks.builtin import resolve_model_dir  # noqa: E402
-from recipe.config import resolve  # noqa: E402
 
 MODEL = "builtin:sort6-tiny"
 PROMPTS, GENERATIONS = 8, 8
 LR = 1e-4
 KERNELS = {"recipe": "reference", "recipe-fast": "fast", "recipe-compiled": "compiled"}
 SIDES = {
-    "recipe": "recipe (`train.train_step`, engine.kernels=reference)",
-    "recipe-fast": "recipe (`train.train_step`, engine.kernels=fast)",
-    "recipe-compiled": "recipe (`train.train_step`, engine.kernels=compiled)",
+    "recipe": "recipe (`train_step`, engine.kernels=reference)",
+    "recipe-fast": "recipe (`train_step`, engine.kernels=fast)",
+    "recipe-compiled": "recipe (`train_step`, engine.kernels=compiled)",
     "trl": "TRL `GRPOTrainer`",
 }
 
@@ -102,16 +105,16 @@ def time_recipe(steps: int, warmup: int, kernels: str = "reference") -> tuple[fl
     seconds of its first step (a compile, with engine.kernels=compiled, in the first round)."""
     cfg = recipe_config(kernels)
     task = tasks.load_task(cfg.data)  # type: ignore[attr-defined]
-    state = train.initial_state(cfg, task, train.generation_cap(cfg, task, lambda _: None), lambda _: None)  # type: ignore[arg-type]
-    source = train.LocalRollouts()
+    state = initial_state(cfg, task, generation_cap(cfg, task, lambda _: None), lambda _: None)  # type: ignore[arg-type]
+    source = LocalRollouts()
     started = time.perf_counter()
-    train.train_step(state, source)  # the first warm-up step: the compile, for compiled in round 1
+    train_step(state, source)  # the first warm-up step: the compile, for compiled in round 1
     first_step = time.perf_counter() - started
     for _ in range(warmup - 1):
-        train.train_step(state, source)
+        train_step(state, source)
     started = time.perf_counter()
     for _ in range(steps):
-        train.train_step(state, source)
+        train_step(state, source)
     return time.perf_counter() - started, first_step
 
 

@@ -9,8 +9,8 @@ dozen steps with the torch engine on CUDA (`model.dtype: bfloat16`, `precision.l
 true`) as a 2-task run: trainer rank 0 and one torch generator rank in separate processes on the
 one GPU (`engine.generator_ranks: 1`, `async.mode: pipeline`, k = 2). The tasks are started the
 way a local launcher starts them (SWEEP_NUM_TASKS / SWEEP_TASK_RANK, read by
-`recipe.pipeline.roles.task_env`); task 0 runs `recipe.loop.train.train` with a `recipe.pipeline.roles.LeadTeam` and
-records into a SQLite store, task 1 runs `recipe.pipeline.roles.run_peer`. `--smoke`: the same path on
+`recipe.pipeline.env.task_env`); task 0 runs `recipe.loop.train.train` with a `recipe.pipeline.lead.LeadTeam` and
+records into a SQLite store, task 1 runs `recipe.pipeline.peer.run_peer`. `--smoke`: the same path on
 CPU with the built-in tiny shape, in well under 3 minutes on 2 cores.
 
 Stdout is the report, one `key: value [unit]` line each, then `PASS` or `FAIL: reasons`
@@ -212,8 +212,8 @@ def build_model(settings: Settings, directory: Path, device: str) -> ModelInfo:
     """A Llama of the mode's shape with random weights and a local tokenizer, saved in bf16."""
     import torch
 
-    from recipe.tasks import task as tasks
     from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, matmul_param_count
+    from recipe.tasks import task as tasks
 
     extra = settings.vocab_size - len(tasks.VOCABULARY)
     vocabulary = (*tasks.VOCABULARY, *(f"<extra_{i}>" for i in range(max(0, extra))))
@@ -599,16 +599,17 @@ def error_line(exc: BaseException) -> str:
 def peer(spec: dict[str, Any], report: dict[str, Any], report_path: Path) -> None:
     import torch
 
-    from recipe.pipeline import roles
     from recipe.config import RecipeConfig
+    from recipe.pipeline.env import device_for, task_env
+    from recipe.pipeline.peer import run_peer
 
-    cfg, env = RecipeConfig.from_dict(spec["config"]), roles.task_env()
+    cfg, env = RecipeConfig.from_dict(spec["config"]), task_env()
     if cfg.engine.generator == "torch":
-        report["generator_device"] = str(roles.device_for(env))  # where build_generator puts its model
+        report["generator_device"] = str(device_for(env))  # where build_generator puts its model
     else:
         report["generator_device"] = "cuda" if torch.cuda.is_available() else "cpu"  # vLLM's own choice
     _write_json(report_path, report)  # in case the run never ends
-    report["done"] = roles.run_peer(cfg, Path(spec["run_dir"]), env, task_log)
+    report["done"] = run_peer(cfg, Path(spec["run_dir"]), env, task_log)
 
 
 def lead(spec: dict[str, Any], report: dict[str, Any]) -> None:
@@ -641,23 +642,24 @@ def lead(spec: dict[str, Any], report: dict[str, Any]) -> None:
 
 def train_lead(spec: dict[str, Any], sink: Any, report: dict[str, Any]) -> dict[str, Any]:
     """`recipe.loop.train.train` with the run's other task as its team; the outcome."""
-    from recipe.loop import train
-    from recipe.pipeline import roles
     from recipe.config import RecipeConfig
+    from recipe.loop.train import train
+    from recipe.pipeline.env import layout_of, task_env
+    from recipe.pipeline.lead import LeadTeam
 
-    cfg, run_dir, env = RecipeConfig.from_dict(spec["config"]), Path(spec["run_dir"]), roles.task_env()
-    team = checked_team(roles.LeadTeam)(cfg, run_dir, env, roles.layout_of(cfg, env), task_log)
+    cfg, run_dir, env = RecipeConfig.from_dict(spec["config"]), Path(spec["run_dir"]), task_env()
+    team = checked_team(LeadTeam)(cfg, run_dir, env, layout_of(cfg, env), task_log)
     team.require_cuda = spec["require_cuda"]
     try:
         with team:
-            outcome = train.train(cfg, run_dir, sink, log=task_log, team=team)
+            outcome = train(cfg, run_dir, sink, log=task_log, team=team)
     finally:
         report["trainer_device"] = team.trainer_device
     return dataclasses.asdict(outcome)
 
 
 def checked_team(lead_team: type) -> type:
-    """`recipe.pipeline.roles.LeadTeam` that notes where the trainer's policy is, and refuses a CPU
+    """`recipe.pipeline.lead.LeadTeam` that notes where the trainer's policy is, and refuses a CPU
     trainer when the check needs CUDA (before a ~1B model trains on the CPU for hours)."""
 
     class CheckedTeam(lead_team):
@@ -669,7 +671,7 @@ def checked_team(lead_team: type) -> type:
             if self.require_cuda and not self.trainer_device.startswith("cuda"):
                 raise RuntimeError(
                     f"the trainer's policy is on {self.trainer_device} although CUDA is available "
-                    "(recipe.loop.train.initial_state places it with recipe.loop.train.policy_device)"
+                    "(recipe.loop.state.initial_state places it with recipe.loop.state.policy_device)"
                 )
             return super().lead(trainer)
 
@@ -679,9 +681,9 @@ def checked_team(lead_team: type) -> type:
 def standalone_vllm(spec: dict[str, Any]) -> int:
     """vLLM alone: the same prompt groups, B at a time, as the run's generator gets them; its
     completion tokens per second of generation (the first round is warm-up)."""
-    from recipe.tasks import task as tasks_mod
     from recipe.config import RecipeConfig
     from recipe.engines.vllm_engine import VllmGenerator, settings_from_config
+    from recipe.tasks import task as tasks_mod
     from transformers import PreTrainedTokenizerFast
 
     cfg, settings = RecipeConfig.from_dict(spec["config"]), Settings(**spec["settings"])

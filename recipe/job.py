@@ -28,8 +28,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-from recipe.telemetry import provenance
 from recipe.config import read_run_files
+from recipe.telemetry import provenance
 from recipe.telemetry.store_sink import StoreSink
 from store import AttemptState, RunState, Store, StoreError
 
@@ -66,12 +66,14 @@ def main(run_dir: str | Path) -> RunState | str:
 
     In a multi-task job (docs/engines.md, "Process layout") every task calls this; task 0,
     trainer rank 0, is the run and records the attempt; the other tasks play their role
-    (`recipe.pipeline.roles.run_peer`) and return a line saying which they were.
+    (`recipe.pipeline.peer.run_peer`) and return a line saying which they were.
     """
     _setup_logging()
     run_dir = Path(run_dir).resolve()
     info, cfg = read_run_files(run_dir)
-    from recipe.pipeline.roles import LeadTeam, layout_of, run_peer, task_env  # torch: only inside the job
+    from recipe.pipeline.env import layout_of, task_env  # torch: only inside the job
+    from recipe.pipeline.lead import LeadTeam
+    from recipe.pipeline.peer import run_peer
 
     env = task_env()
     if env.rank != 0:

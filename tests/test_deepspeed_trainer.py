@@ -12,7 +12,6 @@ import copy
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 from pathlib import Path
 
@@ -25,11 +24,15 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from recipe.loop import checkpoint, train  # noqa: E402
 from recipe.config import NotAvailableError, resolve  # noqa: E402
 from recipe.engines.base import TrainBatch  # noqa: E402
+from recipe.loop import checkpoint  # noqa: E402
+from recipe.loop.checks import check_engine  # noqa: E402
+from recipe.loop.state import build_optimizer, build_trainer  # noqa: E402
+from recipe.loop.train import TrainOutcome, train  # noqa: E402
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer  # noqa: E402
 from recipe.model.precision import upcast_lm_head  # noqa: E402
+from recipe.pipeline.rendezvous import free_port  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 GROUP_SIZE = 3
@@ -63,14 +66,14 @@ def random_batch(num_groups: int, seed: int) -> TrainBatch:
 
 
 def make_trainer(engine: str, stage: int = 2, bf16: bool = False):
-    """The trainer `recipe.loop.train.build_trainer` builds for `engine` (AdamW from `build_optimizer`);
+    """The trainer `recipe.loop.state.build_trainer` builds for `engine` (AdamW from `build_optimizer`);
     `bf16`: bf16 weights with the FP32 LM head (what `recipe.model.policy.load_policy` makes on GPU), and
     one fp32 parameter besides (the final norm's), so that the model holds two dtypes."""
     cfg = resolve(CFG | {"engine.trainer": engine, "engine.zero_stage": stage})
     model = tiny_model()
     if bf16:
         upcast_lm_head(model.to(torch.bfloat16)).model.norm.float()
-    return train.build_trainer(cfg, model, train.build_optimizer(cfg, model))
+    return build_trainer(cfg, model, build_optimizer(cfg, model))
 
 
 def trajectory(engine: str, stage: int = 2, bf16: bool = False) -> dict:
@@ -136,12 +139,6 @@ def _without_bf16(tree):
     if isinstance(tree, list):
         return [_without_bf16(v) for v in tree]
     return tree
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +263,7 @@ def test_fast_kernels_leave_the_deepspeed_trainer_as_it_is(monkeypatch):
     for kernels in ("reference", "fast", "compiled"):
         cfg = resolve(CFG | {"engine.trainer": "deepspeed", "engine.zero_stage": 0, "engine.kernels": kernels})
         model = tiny_model()
-        trainer = train.build_trainer(cfg, model, train.build_optimizer(cfg, model))
+        trainer = build_trainer(cfg, model, build_optimizer(cfg, model))
         assert not trainer.optimizer.defaults["fused"]
         trainer.step(batch, lr=LR)
         weights[kernels] = {k: v.clone() for k, v in trainer.named_weights()}
@@ -277,7 +274,7 @@ def test_fast_kernels_leave_the_deepspeed_trainer_as_it_is(monkeypatch):
 
 
 def test_a_one_task_run_trains_and_leaves_no_process_group(tmp_path_factory, tmp_path):
-    """`train.train` in this process: the trainer's own one-rank group is gone when it returns."""
+    """`train` in this process: the trainer's own one-rank group is gone when it returns."""
     from conftest import small_recipe
 
     from recipe.tasks import builtin
@@ -287,22 +284,22 @@ def test_a_one_task_run_trains_and_leaves_no_process_group(tmp_path_factory, tmp
     model_dir = builtin.builtin_model_dir("sort6-test", base, tmp_path_factory.mktemp("cache"), lambda _: None)
     sink = MemorySink()
     cfg = small_recipe(model_dir, **{"engine.trainer": "deepspeed", "budget.steps": 2})
-    outcome = train.train(cfg, tmp_path, sink, log=lambda _: None)
-    assert outcome == train.TrainOutcome(final_step=2, state="completed", resumed_from_step=None)
+    outcome = train(cfg, tmp_path, sink, log=lambda _: None)
+    assert outcome == TrainOutcome(final_step=2, state="completed", resumed_from_step=None)
     assert sorted(sink.eval_points) == [0, 1, 2] and sorted(sink.checkpoints) == [2]
     assert not dist.is_initialized() and "LOCAL_RANK" not in os.environ
 
 
 def test_zero_stage_3_and_a_missing_package_are_refused_before_any_work(monkeypatch):
     with pytest.raises(NotAvailableError, match="engine.zero_stage=3.*set engine.zero_stage to 0, 1 or 2"):
-        train.check_engine(resolve({"engine.trainer": "deepspeed", "engine.zero_stage": 3}))
-    train.check_engine(resolve({"engine.trainer": "deepspeed", "engine.zero_stage": 2}))
+        check_engine(resolve({"engine.trainer": "deepspeed", "engine.zero_stage": 3}))
+    check_engine(resolve({"engine.trainer": "deepspeed", "engine.zero_stage": 2}))
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real_find_spec(name, *a)
     )
     with pytest.raises(NotAvailableError, match="engine.trainer='deepspeed'.*cannot import"):
-        train.check_engine(resolve({"engine.trainer": "deepspeed"}))
+        check_engine(resolve({"engine.trainer": "deepspeed"}))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -457,8 +457,9 @@ def tiny_model_dir(tmp_path_factory):
 def test_training_resumes_from_an_older_checkpoint_when_the_newest_does_not_fit(tiny_model_dir, tmp_path):
     import torch
 
-    from recipe.loop import checkpoint, train
     from recipe.config import resolve
+    from recipe.loop import checkpoint
+    from recipe.loop.train import train
     from recipe.telemetry.sinks import MemorySink
 
     flat = {
@@ -466,7 +467,7 @@ def test_training_resumes_from_an_older_checkpoint_when_the_newest_does_not_fit(
         "batch.prompts": 4, "batch.generations": 4, "eval.every": 4, "eval.samples": 2,
         "checkpoint.every": 3, "checkpoint.keep": 3, "budget.steps": 8,
     }  # fmt: skip
-    train.train(resolve(flat), tmp_path, MemorySink(), log=lambda _: None)
+    train(resolve(flat), tmp_path, MemorySink(), log=lambda _: None)
     newest = checkpoint.checkpoint_path(tmp_path, 8)
     saved = torch.load(newest, weights_only=True)
     name = next(iter(saved["model"]))
@@ -475,7 +476,7 @@ def test_training_resumes_from_an_older_checkpoint_when_the_newest_does_not_fit(
 
     logs: list[str] = []
     sink = MemorySink()
-    outcome = train.train(resolve(flat | {"budget.steps": 10}), tmp_path, sink, log=logs.append)
+    outcome = train(resolve(flat | {"budget.steps": 10}), tmp_path, sink, log=logs.append)
     assert outcome.resumed_from_step == 6 and outcome.final_step == 10
     assert any("skipping checkpoint" in m and "step_00000008.pt" in m and name in m for m in logs), logs
     assert newest.with_name("step_00000008.pt.corrupt").exists()

@@ -10,15 +10,19 @@ import dataclasses
 import pytest
 import torch
 
-from recipe.loop import train
-from recipe.model import compiled, lean
-from recipe.tasks import task as tasks, sumk as tasks_think
-from recipe.tasks.builtin import SUMK_SMALL_SHAPE
 from recipe.config import resolve
+from recipe.loop.checks import generation_cap, interrupt_rule
+from recipe.loop.evaluate import evaluate
+from recipe.loop.rollout import LocalRollouts
+from recipe.loop.state import initial_state
+from recipe.loop.train import train_step
+from recipe.model import compiled, lean
 from recipe.model.lean import LeanCache, lean_llama
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
 from recipe.model.precision import upcast_lm_head
 from recipe.model.sampler import Decoding, InterruptRule, sample
+from recipe.tasks import task as tasks, sumk as tasks_think
+from recipe.tasks.builtin import SUMK_SMALL_SHAPE
 from recipe.tasks.task import load_task
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -382,11 +386,11 @@ def step_config(model_dirs, task, overrides):
 
 def run_steps(cfg, num_steps):
     task = load_task(cfg.data)
-    state = train.initial_state(cfg, task, train.generation_cap(cfg, task, lambda _: None), lambda _: None)
+    state = initial_state(cfg, task, generation_cap(cfg, task, lambda _: None), lambda _: None)
     state.task = dataclasses.replace(task, batch_reward=varied_reward)
-    state.interrupt = train.interrupt_rule(cfg, task, state.tokenizer, state.max_new_tokens, lambda _: None)
-    source = train.LocalRollouts()
-    metrics = [train.train_step(state, source) for _ in range(num_steps)]
+    state.interrupt = interrupt_rule(cfg, task, state.tokenizer, state.max_new_tokens, lambda _: None)
+    source = LocalRollouts()
+    metrics = [train_step(state, source) for _ in range(num_steps)]
     return state, metrics
 
 
@@ -416,7 +420,7 @@ def test_training_steps_are_transformers_bit_for_bit(monkeypatch, model_dirs, ta
     assert want_opt["param_groups"] == got_opt["param_groups"]
     for key, state in want_opt["state"].items():
         assert all(torch.equal(state[name], got_opt["state"][key][name]) for name in state)
-    initial = train.initial_state(cfg, load_task(cfg.data), 7, lambda _: None).model.state_dict()
+    initial = initial_state(cfg, load_task(cfg.data), 7, lambda _: None).model.state_dict()
     assert not all(torch.equal(got_weights[k], initial[k]) for k in got_weights), "the steps should have trained"
 
 
@@ -520,7 +524,7 @@ def test_compiled_kernels_take_the_fast_step_up_to_rounding(monkeypatch, model_d
     assert calls["compiled_packed_pass"] == 2 and calls["compiled_decode_step"] == 2 * 6
     assert got_state.trainer.optimizer.defaults["fused"]
     assert_same_steps_up_to_rounding(want_state, want, got_state, got)
-    evaluated = train.evaluate(got_state)
+    evaluated = evaluate(got_state)
     assert calls["compiled_decode_step"] == 2 * 6 and evaluated["num_samples"] > 0
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from recipe.tasks.math import score as rmath
 from recipe.config import ConfigError, resolve
-from recipe.tasks.math.score import MathDataError, check_math_data, read_math_jsonl
+from recipe.tasks.math import score as rmath
 from recipe.tasks.math.sample import SAMPLE_PATH, sample_jsonl
+from recipe.tasks.math.score import MathDataError, check_math_data, read_math_jsonl
 from recipe.tasks.task import load_task, render_chat_prompt
 
 
@@ -206,11 +206,11 @@ def small_math_config(model_dir: Path, **overrides):
 
 @pytest.mark.usefixtures("torch_one_thread")
 def test_a_tiny_model_trains_on_the_sample_and_writes_eval_points(tiny_dir, tmp_path):
-    from recipe.loop import train
+    from recipe.loop.train import train
     from recipe.telemetry.sinks import MemorySink
 
     sink = MemorySink()
-    outcome = train.train(small_math_config(tiny_dir), tmp_path / "run", sink, log=lambda _: None)
+    outcome = train(small_math_config(tiny_dir), tmp_path / "run", sink, log=lambda _: None)
     assert (outcome.state, outcome.final_step) == ("completed", 3)
     points = [sink.eval_points[step] for step in sorted(sink.eval_points)]
     assert [p["step"] for p in points] == [0, 1, 2, 3]

@@ -5,17 +5,17 @@ outputs), and sequences in flight continue on the new weights and record both ve
 from __future__ import annotations
 
 import math
-import socket
 import threading
 
 import pytest
 import torch
 
-from recipe.tasks import task as tasks
 from recipe.engines.torch_generator import TorchGenerator
 from recipe.engines.weights import TorchWeightSender, WeightGroupSpec, weight_checksums, weight_meta
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
 from recipe.model.sampler import sample
+from recipe.pipeline.rendezvous import free_port
+from recipe.tasks import task as tasks
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -94,12 +94,6 @@ def test_sequences_in_flight_continue_on_pushed_weights_and_record_both_versions
         else:
             assert len(s.token_ids) <= 2 and s.finished
     assert gen.num_generated_tokens == sum(len(s.token_ids) for s in samples)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_push_over_the_weight_group_takes(tokenizer):

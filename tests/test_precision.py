@@ -42,9 +42,9 @@ def test_an_fp32_head_on_one_side_only_is_far_worse():
 
 import torch  # noqa: E402
 
-from recipe.tasks import task as tasks  # noqa: E402
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer  # noqa: E402
 from recipe.model.precision import body_dtype, has_fp32_head, upcast_lm_head, vllm_dtype  # noqa: E402
+from recipe.tasks import task as tasks  # noqa: E402
 
 
 @pytest.fixture(scope="module")

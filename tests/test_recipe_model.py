@@ -6,7 +6,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from recipe.tasks import builtin, task as tasks
 from recipe.config import ConfigError
 from recipe.model.policy import (
     TinyLlamaShape,
@@ -16,6 +15,7 @@ from recipe.model.policy import (
     matmul_param_count,
 )
 from recipe.model.precision import upcast_lm_head
+from recipe.tasks import builtin, task as tasks
 
 QUICK = builtin.WarmupRecipe(num_steps=2, batch_size=8)
 

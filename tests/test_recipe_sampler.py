@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from recipe.tasks import task as tasks
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
 from recipe.model.sampler import InterruptRule, decode, sample
+from recipe.tasks import task as tasks
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

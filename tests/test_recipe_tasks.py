@@ -2,8 +2,8 @@
 
 import pytest
 
-from recipe.tasks import task as tasks
 from recipe.config import ConfigError, DataConfig
+from recipe.tasks import task as tasks
 
 
 def test_prompt_and_expected_completion():

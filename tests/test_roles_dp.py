@@ -5,7 +5,6 @@ and aggregation, and a split that leaves one rank nothing to train on."""
 from __future__ import annotations
 
 import itertools
-import socket
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from recipe.config import LossConfig
 from recipe.engines.base import TrainBatch
 from recipe.engines.torch_trainer import TorchTrainer
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer
+from recipe.pipeline.rendezvous import free_port
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -75,12 +75,6 @@ def _rank(rank: int, port: int, results) -> None:
 def relative_error(got: list, want: list[torch.Tensor]) -> float:
     diff = torch.cat([(torch.from_numpy(g) - w).flatten() for g, w in zip(got, want)])
     return float(diff.norm() / torch.cat([w.flatten() for w in want]).norm())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

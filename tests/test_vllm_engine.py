@@ -22,11 +22,12 @@ pytest.importorskip("vllm", reason="the vLLM engine's tests need vllm (CPU: pip 
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from recipe.tasks import task as tasks  # noqa: E402
-from recipe.engines.vllm_engine import VllmGenerator, VllmSettings, free_port  # noqa: E402
+from recipe.engines.vllm_engine import VllmGenerator, VllmSettings  # noqa: E402
 from recipe.engines.weights import TorchWeightSender, WeightGroupSpec, weight_meta  # noqa: E402
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs  # noqa: E402
 from recipe.model.sampler import sample  # noqa: E402
+from recipe.pipeline.rendezvous import free_port  # noqa: E402
+from recipe.tasks import task as tasks  # noqa: E402
 
 MAX_POSITIONS = 512
 PROMPTS = ["8 1 7 + 6 4 0 =", "1 2 3 + 4 5 6 =", "9 9 0 + 0 0 1 =", "5 0 5 + 2 7 2 ="]

@@ -29,7 +29,6 @@ import asyncio
 import os
 import queue
 import random
-import socket
 import threading
 from collections.abc import Coroutine, Iterable, Sequence
 from concurrent.futures import Future
@@ -42,6 +41,7 @@ import torch
 from recipe.engines.base import Group, Sample, WeightMeta
 from recipe.engines.weights import TorchWeightSender, WeightGroupSpec, generator_rank, weight_meta
 from recipe.model.precision import vllm_dtype
+from recipe.pipeline.rendezvous import free_port
 
 T = TypeVar("T")
 
@@ -413,12 +413,6 @@ class VllmGenerator:
         if handler is not None:
             handler.cancel()
             await asyncio.gather(handler, return_exceptions=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def vllm_weight_sender(spec: WeightGroupSpec, *, device: str = "cpu") -> Any:

@@ -35,10 +35,10 @@ import transformers
 from filelock import FileLock
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from recipe.tasks import task as tasks, sumk as tasks_think
 from recipe.config import ConfigError, cache_root
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer
 from recipe.model.sampler import decode, sample
+from recipe.tasks import task as tasks, sumk as tasks_think
 
 BUILTIN_PREFIX = "builtin:"
 BUILDER_VERSION = 1

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from recipe.tasks.math import score as math_check
-from recipe.tasks import sumk as tasks_think
 from recipe.config import ConfigError, DataConfig, NotAvailableError
+from recipe.tasks import sumk as tasks_think
+from recipe.tasks.math import score as math_check
 
 PAD = "<pad>"
 EOS = "</s>"
