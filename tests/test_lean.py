@@ -18,6 +18,7 @@ from recipe.loop.state import initial_state
 from recipe.loop.train import train_step
 from recipe.model import compiled, lean
 from recipe.model.lean import LeanCache, lean_llama
+from recipe.model.packing import RowGroups
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
 from recipe.model.precision import upcast_lm_head
 from recipe.model.sampler import Decoding, InterruptRule, sample
@@ -195,17 +196,17 @@ def groups_of(sizes):
 
 
 def test_row_groups_find_runs_of_equal_rows():
-    uniform = lean.RowGroups.of(groups_of([4, 4, 4]))
+    uniform = RowGroups.of(groups_of([4, 4, 4]))
     assert uniform.size == 4 and uniform.first_U.tolist() == [0, 4, 8]
     assert uniform.rows_B.tolist() == [0] * 4 + [1] * 4 + [2] * 4
-    mixed = lean.RowGroups.of(groups_of([3, 1, 2]))
+    mixed = RowGroups.of(groups_of([3, 1, 2]))
     assert mixed.size is None and mixed.first_U.tolist() == [0, 3, 4]
     assert mixed.rows_B.tolist() == [0, 0, 0, 1, 2, 2]
     values = torch.arange(6.0).view(3, 2)
     assert torch.equal(mixed.spread(values), values[[0, 0, 0, 1, 2, 2]])
     assert torch.equal(uniform.spread(values), values.repeat_interleave(4, dim=0))
-    assert lean.RowGroups.of(groups_of([1, 1, 1])) is None  # nothing repeats: nothing to share
-    assert lean.RowGroups.of(groups_of([1])) is None
+    assert RowGroups.of(groups_of([1, 1, 1])) is None  # nothing repeats: nothing to share
+    assert RowGroups.of(groups_of([1])) is None
 
 
 @pytest.mark.parametrize("sizes", [[4, 4, 4, 4], [3, 1, 5, 2]], ids=["uniform", "mixed"])
@@ -219,7 +220,7 @@ def test_a_shared_prefill_is_the_whole_prefill_bit_for_bit(shape, precision, siz
         whole = forward.new_cache()
         want = forward.extend(whole, ids, 1)
         shared = forward.new_cache(capacity=ids.shape[1] + 3)
-        got = forward.prefill_shared(shared, ids, lean.RowGroups.of(ids))
+        got = forward.prefill_shared(shared, ids, RowGroups.of(ids))
     assert torch.equal(got, want)
     assert shared.length == whole.length == ids.shape[1]
     for index in range(len(forward.layers)):

