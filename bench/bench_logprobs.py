@@ -44,7 +44,7 @@ from recipe.model.policy import TinyLlamaShape, build_tiny_llama, completion_log
 from recipe.model.precision import upcast_lm_head  # noqa: E402
 from recipe.model.sampler import sample  # noqa: E402
 from recipe.tasks.builtin import resolve_model_dir  # noqa: E402
-from recipe.tasks.task import sort6_prompt_sets  # noqa: E402
+from recipe.tasks.sort6 import sort6_prompt_sets  # noqa: E402
 
 CASES = {
     "fp32": ((torch.float32, False), (torch.float32, False)),

@@ -11,7 +11,7 @@ advantage.norm=prompt and the filters off, which is what TRL's GRPOTrainer compu
 loss_type="grpo", scale_rewards="group", beta=0 (no reference model), on-policy (one
 iteration per generation, so no old-log-prob pass). TRL gets fair settings: no gradient
 checkpointing, fp32, no eval, no saving, no reporting, no completion logging, HF generate
-(use_vllm=False), its reward function the project's sort6 scorer (`recipe.tasks.task.reward`, on the
+(use_vllm=False), its reward function the project's sort6 scorer (`recipe.tasks.sort6.reward`, on the
 decoded completion with its EOS).
 
 The recipe runs three times per round: with `engine.kernels=reference` (the default: its training
@@ -58,7 +58,7 @@ from recipe.loop.checks import generation_cap  # noqa: E402
 from recipe.loop.rollout import LocalRollouts  # noqa: E402
 from recipe.loop.state import initial_state  # noqa: E402
 from recipe.loop.train import train_step  # noqa: E402
-from recipe.tasks import task as tasks
+from recipe.tasks import sort6, task as tasks
 from recipe.tasks.builtin import resolve_model_dir  # noqa: E402
 
 MODEL = "builtin:sort6-tiny"
@@ -142,7 +142,7 @@ def trl_reward(tokenizer):
 
     def sort6(prompts, completions, completion_ids, **_):
         texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=False)
-        return [tasks.reward(p, c) for p, c in zip(prompts, texts)]
+        return [sort6.reward(p, c) for p, c in zip(prompts, texts)]
 
     return sort6
 
@@ -156,7 +156,7 @@ def time_trl(steps: int, warmup: int, out_dir: str) -> float:
     directory = resolve_model_dir(MODEL, lambda _: None)
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(directory)
-    train_prompts, _ = tasks.sort6_prompt_sets(4096, 16)
+    train_prompts, _ = sort6.sort6_prompt_sets(4096, 16)
     dataset = Dataset.from_dict({"prompt": train_prompts})
     args = GRPOConfig(
         output_dir=out_dir,
@@ -167,7 +167,7 @@ def time_trl(steps: int, warmup: int, out_dir: str) -> float:
         per_device_train_batch_size=PROMPTS * GENERATIONS,
         gradient_accumulation_steps=1,
         num_generations=GENERATIONS,
-        max_completion_length=tasks.SORT6_MAX_NEW_TOKENS,
+        max_completion_length=sort6.SORT6_MAX_NEW_TOKENS,
         temperature=1.0,
         top_p=1.0,
         top_k=0,

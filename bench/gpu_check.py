@@ -213,11 +213,11 @@ def build_model(settings: Settings, directory: Path, device: str) -> ModelInfo:
     import torch
 
     from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, matmul_param_count
-    from recipe.tasks import task as tasks
+    from recipe.tasks import sort6
 
-    extra = settings.vocab_size - len(tasks.VOCABULARY)
-    vocabulary = (*tasks.VOCABULARY, *(f"<extra_{i}>" for i in range(max(0, extra))))
-    tokenizer = build_tokenizer(vocabulary, eos=tasks.EOS, pad=tasks.PAD)
+    extra = settings.vocab_size - len(sort6.VOCABULARY)
+    vocabulary = (*sort6.VOCABULARY, *(f"<extra_{i}>" for i in range(max(0, extra))))
+    tokenizer = build_tokenizer(vocabulary, eos=sort6.EOS, pad=sort6.PAD)
     shape = TinyLlamaShape(
         hidden_size=settings.hidden_size,
         intermediate_size=settings.intermediate_size,
@@ -683,13 +683,13 @@ def standalone_vllm(spec: dict[str, Any]) -> int:
     completion tokens per second of generation (the first round is warm-up)."""
     from recipe.config import RecipeConfig
     from recipe.engines.vllm_engine import VllmGenerator, settings_from_config
-    from recipe.tasks import task as tasks_mod
+    from recipe.tasks import sort6
     from transformers import PreTrainedTokenizerFast
 
     cfg, settings = RecipeConfig.from_dict(spec["config"]), Settings(**spec["settings"])
     tokenizer = PreTrainedTokenizerFast.from_pretrained(cfg.model.path)
     rounds = 3 if settings.mode == "smoke" else 6
-    prompts, _ = tasks_mod.sort6_prompt_sets(settings.prompts * rounds, 1)
+    prompts, _ = sort6.sort6_prompt_sets(settings.prompts * rounds, 1)
     ids = [tokenizer(p).input_ids for p in prompts]
     engine = VllmGenerator(settings_from_config(cfg, cfg.model.path))
     tokens, seconds = 0, 0.0
@@ -698,7 +698,7 @@ def standalone_vllm(spec: dict[str, Any]) -> int:
             batch = ids[round_ * settings.prompts : (round_ + 1) * settings.prompts]
             started = time.perf_counter()
             groups = engine.generate(batch, num_samples=settings.generations,
-                                     max_new_tokens=tasks_mod.SORT6_MAX_NEW_TOKENS, seed=round_ * 10_000)  # fmt: skip
+                                     max_new_tokens=sort6.SORT6_MAX_NEW_TOKENS, seed=round_ * 10_000)  # fmt: skip
             if round_:
                 seconds += time.perf_counter() - started
                 tokens += sum(len(s.token_ids) for g in groups for s in g)

@@ -22,7 +22,7 @@ from recipe.model.packing import RowGroups
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
 from recipe.model.precision import upcast_lm_head
 from recipe.model.sampler import Decoding, InterruptRule, sample
-from recipe.tasks import task as tasks, sumk as tasks_think
+from recipe.tasks import sort6, sumk
 from recipe.tasks.builtin import SUMK_SMALL_SHAPE
 from recipe.tasks.task import load_task
 
@@ -57,7 +57,7 @@ def policy(vocabulary, eos, pad, shape, precision, seed=0):
 
 
 def sort6_policy(shape="1-head", precision="fp32", seed=0):
-    return policy(tasks.VOCABULARY, tasks.EOS, tasks.PAD, SHAPES[shape], precision, seed)
+    return policy(sort6.VOCABULARY, sort6.EOS, sort6.PAD, SHAPES[shape], precision, seed)
 
 
 def assert_same_completions(a, b):
@@ -91,7 +91,7 @@ def sample_both(monkeypatch, model, tokenizer, prompt_ids, *, seed=0, **kwargs):
 @pytest.mark.parametrize("shape", SHAPES)
 def test_sort6_sampling_is_transformers_bit_for_bit(monkeypatch, shape, precision):
     model, tokenizer = sort6_policy(shape, precision)
-    _, prompts = tasks.sort6_prompt_sets(1, 64)
+    _, prompts = sort6.sort6_prompt_sets(1, 64)
     prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids.repeat_interleave(2, dim=0)
     want, got = sample_both(monkeypatch, model, tokenizer, prompt_ids, max_new_tokens=7)
     assert 1 < len(set(got.lengths_B.tolist())), "completions of different lengths: EOS and padding are exercised"
@@ -103,9 +103,9 @@ def test_sort6_sampling_is_transformers_bit_for_bit(monkeypatch, shape, precisio
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_sumk_sampling_with_the_interrupt_is_transformers_bit_for_bit(monkeypatch, shape, precision):
-    model, tokenizer = policy(tasks_think.VOCABULARY, tasks_think.EOS, tasks_think.PAD, SHAPES[shape], precision, 1)
-    close_id = tokenizer.convert_tokens_to_ids(tasks_think.THINK_CLOSE)
-    prompt_ids = tokenizer(tasks_think.prompt_sets(1, 48)[1], return_tensors="pt").input_ids
+    model, tokenizer = policy(sumk.VOCABULARY, sumk.EOS, sumk.PAD, SHAPES[shape], precision, 1)
+    close_id = tokenizer.convert_tokens_to_ids(sumk.THINK_CLOSE)
+    prompt_ids = tokenizer(sumk.prompt_sets(1, 48)[1], return_tensors="pt").input_ids
     rule = InterruptRule(close_id, (5, 6, close_id), low=1, high=6)
     interrupt = rule.draw(prompt_ids.shape[0], torch.Generator().manual_seed(3))
     want, got = sample_both(monkeypatch, model, tokenizer, prompt_ids, max_new_tokens=14, interrupt=interrupt)
@@ -115,7 +115,7 @@ def test_sumk_sampling_with_the_interrupt_is_transformers_bit_for_bit(monkeypatc
 
 def test_left_padded_prompts_take_transformers(monkeypatch):
     model, tokenizer = sort6_policy()
-    _, prompts = tasks.sort6_prompt_sets(1, 8)
+    _, prompts = sort6.sort6_prompt_sets(1, 8)
     prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids
     mask = torch.ones_like(prompt_ids, dtype=torch.bool)
     mask[::2, :2] = False
@@ -128,7 +128,7 @@ def test_left_padded_prompts_take_transformers(monkeypatch):
 
 def test_a_decoding_that_loses_the_lean_path_carries_on_in_transformers(monkeypatch):
     model, tokenizer = sort6_policy()
-    _, prompts = tasks.sort6_prompt_sets(1, 16)
+    _, prompts = sort6.sort6_prompt_sets(1, 16)
     prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids
 
     def decode(hook_at):
@@ -189,8 +189,8 @@ def count_shared_prefix_calls(monkeypatch):
 
 def groups_of(sizes):
     """Prompt rows in runs of the given sizes (consecutive runs differ)."""
-    _, prompts = tasks.sort6_prompt_sets(1, len(sizes))
-    tokenizer = build_tokenizer(tasks.VOCABULARY, eos=tasks.EOS, pad=tasks.PAD)
+    _, prompts = sort6.sort6_prompt_sets(1, len(sizes))
+    tokenizer = build_tokenizer(sort6.VOCABULARY, eos=sort6.EOS, pad=sort6.PAD)
     ids = tokenizer(prompts, return_tensors="pt").input_ids
     return ids.repeat_interleave(torch.tensor(sizes), dim=0)
 
@@ -311,7 +311,7 @@ def test_the_lean_path_reads_weights_loaded_after_it_was_built(monkeypatch):
     model, tokenizer = sort6_policy()
     other, _ = sort6_policy(seed=5)
     ids = torch.randint(0, len(tokenizer), (8, 15), generator=torch.Generator().manual_seed(0))
-    _, prompts = tasks.sort6_prompt_sets(1, 32)
+    _, prompts = sort6.sort6_prompt_sets(1, 32)
     prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids
     with torch.no_grad():
         completion_logprobs(model, ids[:, :8], ids[:, 8:])  # builds the lean forward on the old weights
@@ -348,8 +348,8 @@ def model_dirs(tmp_path_factory):
     """Random tiny Llamas saved as Hugging Face directories (no warm-up: only bit-identity matters)."""
     dirs = {}
     for name, (vocabulary, eos, pad, shape) in {
-        "sort6": (tasks.VOCABULARY, tasks.EOS, tasks.PAD, TinyLlamaShape()),
-        "sumk": (tasks_think.VOCABULARY, tasks_think.EOS, tasks_think.PAD, SUMK_SMALL_SHAPE),
+        "sort6": (sort6.VOCABULARY, sort6.EOS, sort6.PAD, TinyLlamaShape()),
+        "sumk": (sumk.VOCABULARY, sumk.EOS, sumk.PAD, SUMK_SMALL_SHAPE),
     }.items():
         tokenizer = build_tokenizer(vocabulary, eos=eos, pad=pad)
         model = build_tiny_llama(shape, tokenizer, seed=0)

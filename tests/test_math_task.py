@@ -11,8 +11,8 @@ import pytest
 
 from recipe.config import ConfigError, resolve
 from recipe.tasks.math import score as rmath
+from recipe.tasks.math.data import MathDataError, check_math_data, read_math_jsonl
 from recipe.tasks.math.sample import SAMPLE_PATH, sample_jsonl
-from recipe.tasks.math.score import MathDataError, check_math_data, read_math_jsonl
 from recipe.tasks.task import load_task, render_chat_prompt
 
 

@@ -15,14 +15,14 @@ from recipe.engines.weights import TorchWeightSender, WeightGroupSpec, weight_ch
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
 from recipe.model.sampler import sample
 from recipe.pipeline.rendezvous import free_port
-from recipe.tasks import task as tasks
+from recipe.tasks import sort6
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return build_tokenizer(tasks.VOCABULARY, eos=tasks.EOS, pad=tasks.PAD)
+    return build_tokenizer(sort6.VOCABULARY, eos=sort6.EOS, pad=sort6.PAD)
 
 
 def policy(tokenizer, seed: int = 0):
@@ -33,7 +33,7 @@ def policy(tokenizer, seed: int = 0):
 
 
 def prompts(tokenizer, num: int = 3) -> list[list[int]]:
-    _, texts = tasks.sort6_prompt_sets(1, num)
+    _, texts = sort6.sort6_prompt_sets(1, num)
     return tokenizer(texts).input_ids
 
 

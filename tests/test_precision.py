@@ -44,12 +44,12 @@ import torch  # noqa: E402
 
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer  # noqa: E402
 from recipe.model.precision import body_dtype, has_fp32_head, upcast_lm_head, vllm_dtype  # noqa: E402
-from recipe.tasks import task as tasks  # noqa: E402
+from recipe.tasks import sort6  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    tokenizer = build_tokenizer(tasks.VOCABULARY, eos=tasks.EOS, pad=tasks.PAD)
+    tokenizer = build_tokenizer(sort6.VOCABULARY, eos=sort6.EOS, pad=sort6.PAD)
     ids = tokenizer(["1 2 3 + 4 5 6 =", "9 8 7 + 0 1 2 ="], return_tensors="pt").input_ids
     return tokenizer, ids
 

@@ -5,14 +5,14 @@ import torch
 
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
 from recipe.model.sampler import InterruptRule, decode, sample
-from recipe.tasks import task as tasks
+from recipe.tasks import sort6
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture(scope="module")
 def policy():
-    tokenizer = build_tokenizer(tasks.VOCABULARY, eos=tasks.EOS, pad=tasks.PAD)
+    tokenizer = build_tokenizer(sort6.VOCABULARY, eos=sort6.EOS, pad=sort6.PAD)
     model = build_tiny_llama(TinyLlamaShape(), tokenizer, seed=0)
     with torch.no_grad():  # make EOS likely so that sequences end at different lengths
         model.lm_head.weight[tokenizer.eos_token_id] += 0.3 * model.model.norm.weight
@@ -22,7 +22,7 @@ def policy():
 @pytest.fixture(scope="module")
 def prompt_ids(policy):
     _, tokenizer = policy
-    _, prompts = tasks.sort6_prompt_sets(1, 32)
+    _, prompts = sort6.sort6_prompt_sets(1, 32)
     return tokenizer(prompts, return_tensors="pt").input_ids
 
 
@@ -109,15 +109,15 @@ def test_max_new_tokens_must_be_positive(policy, prompt_ids):
 @pytest.fixture(scope="module")
 def thinker():
     """A random tiny Llama on sumk's symbols that never closes its thinking or ends by itself."""
-    from recipe.tasks import sumk as tasks_think
+    from recipe.tasks import sumk
 
-    tokenizer = build_tokenizer(tasks_think.VOCABULARY, eos=tasks_think.EOS, pad=tasks_think.PAD)
+    tokenizer = build_tokenizer(sumk.VOCABULARY, eos=sumk.EOS, pad=sumk.PAD)
     model = build_tiny_llama(TinyLlamaShape(), tokenizer, seed=1)
-    close_id = tokenizer.convert_tokens_to_ids(tasks_think.THINK_CLOSE)
+    close_id = tokenizer.convert_tokens_to_ids(sumk.THINK_CLOSE)
     model.logit_shift = torch.zeros(len(tokenizer))
     model.logit_shift[[close_id, tokenizer.eos_token_id]] = -30.0
     model.lm_head.register_forward_hook(lambda module, args, logits: logits + model.logit_shift)
-    prompts = tasks_think.prompt_sets(1, 48)[1]
+    prompts = sumk.prompt_sets(1, 48)[1]
     return model, tokenizer, close_id, tokenizer(prompts, return_tensors="pt").input_ids
 
 

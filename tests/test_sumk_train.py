@@ -11,7 +11,7 @@ from recipe.loop.rollout import generate_batch, rollout_metrics
 from recipe.loop.state import initial_state
 from recipe.loop.train import train
 from recipe.loop.update import train_batch
-from recipe.tasks import builtin, sumk as tasks_think
+from recipe.tasks import builtin, sumk
 from math_tiny import build_char_tokenizer
 from recipe.tasks.task import MATH_INTERRUPT_PHRASE, Task, load_task
 from recipe.telemetry.sinks import MemorySink
@@ -57,14 +57,14 @@ def test_the_built_in_base_is_a_sumk_llama_with_head_dim_64(model_dir):
 
     config = AutoConfig.from_pretrained(model_dir)
     assert (config.head_dim, config.num_attention_heads, config.hidden_size) == (64, 1, 64)
-    assert config.vocab_size == len(tasks_think.VOCABULARY)
+    assert config.vocab_size == len(sumk.VOCABULARY)
     assert builtin.BUILTINS["sumk-tiny"].cache_key() != builtin.BUILTINS["sort6-tiny"].cache_key()
 
 
 def test_training_batches_are_interrupted_at_the_drawn_budget_and_forced_tokens_leave_the_loss(model_dir):
     cfg = sumk_recipe(model_dir, **{"length.interrupt_min": 3, "length.interrupt_max": 3})
     state = start(cfg)
-    close_id = state.tokenizer.convert_tokens_to_ids(tasks_think.THINK_CLOSE)
+    close_id = state.tokenizer.convert_tokens_to_ids(sumk.THINK_CLOSE)
     assert state.interrupt is not None and (state.interrupt.low, state.interrupt.high) == (3, 3)
     rollout = generate_batch(state)
     c = rollout.completions

@@ -27,14 +27,14 @@ from recipe.engines.weights import TorchWeightSender, WeightGroupSpec, weight_me
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs  # noqa: E402
 from recipe.model.sampler import sample  # noqa: E402
 from recipe.pipeline.rendezvous import free_port  # noqa: E402
-from recipe.tasks import task as tasks  # noqa: E402
+from recipe.tasks import sort6  # noqa: E402
 
 MAX_POSITIONS = 512
 PROMPTS = ["8 1 7 + 6 4 0 =", "1 2 3 + 4 5 6 =", "9 9 0 + 0 0 1 =", "5 0 5 + 2 7 2 ="]
 
 
 def tokenizer():
-    return build_tokenizer(tasks.VOCABULARY, eos=tasks.EOS, pad=tasks.PAD)
+    return build_tokenizer(sort6.VOCABULARY, eos=sort6.EOS, pad=sort6.PAD)
 
 
 def never_stopping_llama(seed: int):
@@ -123,7 +123,7 @@ def test_vllm_generates_from_the_tiny_llama_with_one_logprob_per_token(run):
         assert len(sample_.token_ids) == len(sample_.logprobs) == 12  # never stops: runs to the cap
         assert not sample_.finished
         assert all(lp <= 0 for lp in sample_.logprobs)
-        assert all(0 <= t < len(tasks.VOCABULARY) for t in sample_.token_ids)
+        assert all(0 <= t < len(sort6.VOCABULARY) for t in sample_.token_ids)
         assert sample_.version_start == sample_.version_end == run.generator.version
     assert groups[0][0].token_ids != groups[0][1].token_ids  # the two samples are seeded apart
 

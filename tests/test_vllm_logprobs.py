@@ -24,7 +24,7 @@ from bench_logprobs import base_model, vllm_mismatch  # noqa: E402
 from recipe.engines.vllm_engine import VllmGenerator, VllmSettings  # noqa: E402
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, completion_logprobs  # noqa: E402
 from recipe.model.sampler import sample  # noqa: E402
-from recipe.tasks.task import sort6_prompt_sets  # noqa: E402
+from recipe.tasks.sort6 import sort6_prompt_sets  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
