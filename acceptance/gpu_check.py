@@ -1,7 +1,7 @@
 """The GPU check (issue 8; docs/engines.md, "GPU check"): a short RL run on the real multi-task
 path, and the throughput figures it records.
 
-    bash bench/gpu_check.sh [--smoke] [--steps N] [--out DIR] [--keep] [--vllm auto|off]
+    bash acceptance/gpu_check.sh [--smoke] [--steps N] [--out DIR] [--keep] [--vllm auto|off]
 
 Full check (one GPU, no network): a ~0.95B Llama built here from a config (random weights, the
 project's word-level sort6 tokenizer padded to a 32,000-token vocabulary), trained for a few
@@ -13,8 +13,11 @@ way a local launcher starts them (SWEEP_NUM_TASKS / SWEEP_TASK_RANK, read by
 records into a SQLite store, task 1 runs `recipe.pipeline.peer.run_peer`. `--smoke`: the same path on
 CPU with the built-in tiny shape, in well under 3 minutes on 2 cores.
 
-Stdout is the report, one `key: value [unit]` line each, then `PASS` or `FAIL: reasons`
-(docs/engines.md lists every key). Progress goes to stderr; each task's log to OUT/logs/.
+Stdout shows the report to a person, one `key: value [unit]` line each, then `PASS` or
+`FAIL: reasons` (docs/engines.md lists every key); libraries may log there too. `--report FILE`
+writes the same report as JSON, `{"fields": {key: value}, "verdict": ...}`, rewritten after every
+line (a check cut short leaves what it had measured, with verdict null): the channel a program
+reads. Progress goes to stderr; each task's log to OUT/logs/.
 """
 
 from __future__ import annotations
@@ -108,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                              "(auto: on for the full check, off for --smoke)")  # fmt: skip
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_PEAK_FLOPS / 1e12,
                         help="bf16 dense peak of the GPU for the MFU (default: H200, 989)")  # fmt: skip
+    parser.add_argument("--report", type=Path, help="also write the report as JSON to this file (what a program reads)")
     parser.add_argument("--task", help=argparse.SUPPRESS)
     parser.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -126,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or Path(tempfile.mkdtemp(prefix="gpu_check-"))
     out.mkdir(parents=True, exist_ok=True)
-    report = Report()
+    report = Report(args.report)
     try:
         check(settings, out.resolve(), args, report)
     except Exception as exc:  # noqa: BLE001 - the verdict line names it; the traceback goes to stderr
@@ -137,19 +141,33 @@ def main(argv: list[str] | None = None) -> int:
             import shutil
 
             shutil.rmtree(out, ignore_errors=True)
-    print("PASS" if not report.failures else "FAIL: " + "; ".join(report.failures), flush=True)
+    report.finish()
     return 0 if not report.failures else 1
 
 
 class Report:
     """The report's lines, printed as they come (a check cut short still shows what it had
-    measured), and the reasons it fails."""
+    measured) and kept in the JSON file if there is one, and the reasons it fails."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path | None = None) -> None:
         self.failures: list[str] = []
+        self.path, self.fields = path, dict[str, str]()
+        self.verdict: str | None = None
+        self._write()
 
     def add(self, key: str, value: str) -> None:
         print(f"{key}: {value}", flush=True)
+        self.fields[key] = value
+        self._write()
+
+    def finish(self) -> None:
+        self.verdict = "PASS" if not self.failures else "FAIL: " + "; ".join(self.failures)
+        print(self.verdict, flush=True)
+        self._write()
+
+    def _write(self) -> None:
+        if self.path is not None:
+            _write_json(self.path, {"fields": self.fields, "verdict": self.verdict})
 
     def add_all(self, pairs: list[tuple[str, str]]) -> None:
         for key, value in pairs:
@@ -161,7 +179,7 @@ def preflight(settings: Settings) -> str | None:
     missing = [f"{dist} (import {mod})" for mod, dist in REQUIRED.items() if not importable(mod)]
     if missing:
         return (
-            f"missing Python packages: {', '.join(missing)}; put their wheels in bench/wheels/ "
+            f"missing Python packages: {', '.join(missing)}; put their wheels in acceptance/wheels/ "
             "(docs/engines.md, GPU check)"
         )
     import torch
@@ -296,7 +314,7 @@ class StoreHandle:
 def open_store(out: Path) -> StoreHandle:
     missing = [dist for mod, dist in STORE_MODULES.items() if not importable(mod)]
     if missing:
-        return StoreHandle(None, f"not importable: {', '.join(missing)}; carry their wheels in bench/wheels/")
+        return StoreHandle(None, f"not importable: {', '.join(missing)}; carry their wheels in acceptance/wheels/")
     from store import Store
 
     url = f"sqlite:///{out / 'gpu_check.db'}"
