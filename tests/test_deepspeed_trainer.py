@@ -23,6 +23,7 @@ if importlib.util.find_spec("deepspeed") is None:
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from conftest import random_batch, tiny_model  # noqa: E402
 
 from recipe.config import NotAvailableError, resolve  # noqa: E402
 from recipe.engines.base import TrainBatch  # noqa: E402
@@ -30,7 +31,6 @@ from recipe.loop import checkpoint  # noqa: E402
 from recipe.loop.checks import check_engine  # noqa: E402
 from recipe.loop.state import build_optimizer, build_trainer  # noqa: E402
 from recipe.loop.train import TrainOutcome, train  # noqa: E402
-from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer  # noqa: E402
 from recipe.model.precision import upcast_lm_head  # noqa: E402
 from recipe.pipeline.rendezvous import free_port  # noqa: E402
 
@@ -43,26 +43,6 @@ BATCHES = [(5, 7), (1, 8)]
 """(groups, seed) of the steps before the checkpoint: 5 groups split 3 + 2 over two ranks; one
 group leaves rank 1 an empty share. The resumed step trains on `RESUMED`."""
 RESUMED = (4, 9)
-
-
-def tiny_model() -> torch.nn.Module:
-    tokenizer = build_tokenizer([f"t{i}" for i in range(10)] + ["<eos>", "<pad>"], eos="<eos>", pad="<pad>")
-    return build_tiny_llama(TinyLlamaShape(num_layers=1, max_positions=16), tokenizer, seed=3)
-
-
-def random_batch(num_groups: int, seed: int) -> TrainBatch:
-    gen = torch.Generator().manual_seed(seed)
-    rows, length = num_groups * GROUP_SIZE, 5
-    lengths = torch.randint(1, length + 1, (rows,), generator=gen)
-    return TrainBatch(
-        prompt_ids_BP=torch.randint(0, 10, (rows, 3), generator=gen),
-        prompt_mask_BP=None,
-        tokens_BT=torch.randint(0, 10, (rows, length), generator=gen),
-        behaviour_logp_BT=-torch.rand(rows, length, generator=gen) * 3,
-        mask_BT=torch.arange(length)[None, :] < lengths[:, None],
-        adv_B=torch.randn(rows, generator=gen),
-        group_size=GROUP_SIZE,
-    )
 
 
 def make_trainer(engine: str, stage: int = 2, bf16: bool = False):

@@ -12,11 +12,7 @@ import pytest
 from recipe.tasks.math import score as rmath
 from recipe.tasks.math.score import extract_answer, gold_parse_errors, last_boxed, score_math, score_math_batch
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _pool():
-    yield
-    rmath.shutdown()
+pytestmark = pytest.mark.usefixtures("math_pool")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,11 +15,7 @@ from recipe.tasks.math.data import MathDataError, check_math_data, read_math_jso
 from recipe.tasks.math.sample import SAMPLE_PATH, sample_jsonl
 from recipe.tasks.task import load_task, render_chat_prompt
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _pool():
-    yield
-    rmath.shutdown()
+pytestmark = pytest.mark.usefixtures("math_pool")
 
 
 @pytest.fixture(scope="module")

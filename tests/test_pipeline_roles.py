@@ -12,16 +12,9 @@ import pytest
 import torch.multiprocessing as mp
 from conftest import small_recipe
 
-from recipe.tasks import builtin
 from recipe.telemetry.sinks import MemorySink
 
 pytestmark = pytest.mark.slow
-TEST_BASE = builtin.WarmupRecipe(num_steps=100, lr=1e-3, label_smoothing=0.0)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return builtin.builtin_model_dir("sort6-test", TEST_BASE, tmp_path_factory.mktemp("cache"), lambda _: None)
 
 
 def pipeline_config(model_dir, **overrides):

@@ -12,17 +12,12 @@ import torch
 
 from recipe.engines.torch_generator import TorchGenerator
 from recipe.engines.weights import TorchWeightSender, WeightGroupSpec, weight_checksums, weight_meta
-from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, completion_logprobs
 from recipe.model.sampler import sample
 from recipe.pipeline.rendezvous import free_port
 from recipe.tasks import sort6
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer(sort6.VOCABULARY, eos=sort6.EOS, pad=sort6.PAD)
 
 
 def policy(tokenizer, seed: int = 0):

