@@ -21,7 +21,7 @@ from recipe.model.lean import LeanCache, lean_llama
 from recipe.model.packing import RowGroups
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
 from recipe.model.precision import upcast_lm_head
-from recipe.model.sampler import Decoding, InterruptRule, sample
+from recipe.model.sampler import Decoding, InterruptRule, Sampling, sample
 from recipe.tasks import sort6, sumk
 from recipe.tasks.builtin import SUMK_SMALL_SHAPE
 from recipe.tasks.task import load_task
@@ -74,7 +74,7 @@ def sample_both(monkeypatch, model, tokenizer, prompt_ids, *, seed=0, **kwargs):
     def once():
         generator = torch.Generator().manual_seed(seed)
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-        return sample(model, prompt_ids, eos_id=eos, pad_id=pad, generator=generator, **kwargs)
+        return sample(model, prompt_ids, Sampling(eos_id=eos, pad_id=pad, generator=generator, **kwargs))
 
     with lean_off(monkeypatch):
         assert lean_llama(model) is None
@@ -121,8 +121,7 @@ def test_left_padded_prompts_take_transformers(monkeypatch):
     mask[::2, :2] = False
     calls = []
     monkeypatch.setattr(lean.LeanLlama, "extend", lambda *a, **k: calls.append(1))
-    out = sample(model, prompt_ids, max_new_tokens=5, eos_id=0, pad_id=1, prompt_mask_BP=mask,
-                 generator=torch.Generator().manual_seed(0))  # fmt: skip
+    out = sample(model, prompt_ids, Sampling(max_new_tokens=5, eos_id=0, pad_id=1, prompt_mask_BP=mask, generator=torch.Generator().manual_seed(0)))  # fmt: skip
     assert not calls and out.tokens_BT.shape[0] == 8
 
 
@@ -132,8 +131,7 @@ def test_a_decoding_that_loses_the_lean_path_carries_on_in_transformers(monkeypa
     prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids
 
     def decode(hook_at):
-        decoding = Decoding(prompt_ids, max_new_tokens=7, eos_id=tokenizer.eos_token_id,
-                            pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0))  # fmt: skip
+        decoding = Decoding(prompt_ids, Sampling(max_new_tokens=7, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0)))  # fmt: skip
         handle = None
         while not decoding.done:
             if decoding.num_tokens == hook_at:
@@ -244,8 +242,7 @@ def test_sampled_tensors_are_ordinary_and_can_be_trained_on():
     """Sampling runs in inference mode; what it returns must still work with autograd."""
     model, tokenizer = sort6_policy()
     ids = groups_of([4, 4])
-    out = sample(model, ids, max_new_tokens=7, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-                 generator=torch.Generator().manual_seed(0))  # fmt: skip
+    out = sample(model, ids, Sampling(max_new_tokens=7, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0)))  # fmt: skip
     for tensor in (out.tokens_BT, out.logp_BT, out.mask_BT, out.finished_B):
         assert not tensor.is_inference()
     logp = completion_logprobs(model, ids, out.tokens_BT, shared_prefix=True)

@@ -13,7 +13,7 @@ import torch
 from recipe.engines.torch_generator import TorchGenerator
 from recipe.engines.weights import TorchWeightSender, WeightGroupSpec, weight_checksums, weight_meta
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, completion_logprobs
-from recipe.model.sampler import sample
+from recipe.model.sampler import Sampling, sample
 from recipe.pipeline.rendezvous import free_port
 from recipe.tasks import sort6
 
@@ -40,14 +40,7 @@ def test_blocking_generation_is_the_sampler_and_its_logprobs_the_trainers(tokeni
     model = policy(tokenizer)
     rows = prompts(tokenizer)
     groups = generator(model, tokenizer).generate(rows, num_samples=4, max_new_tokens=7, seed=5)
-    expected = sample(
-        model,
-        torch.tensor(rows).repeat_interleave(4, dim=0),
-        max_new_tokens=7,
-        eos_id=tokenizer.eos_token_id,
-        pad_id=tokenizer.pad_token_id,
-        generator=torch.Generator().manual_seed(5),
-    )
+    expected = sample(model, torch.tensor(rows).repeat_interleave(4, dim=0), Sampling(max_new_tokens=7, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(5)))
     samples = [s for group in groups for s in group]
     assert [list(s.token_ids) for s in samples] == [
         row[:n] for row, n in zip(expected.tokens_BT.tolist(), expected.lengths_B.tolist())

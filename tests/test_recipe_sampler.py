@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
-from recipe.model.sampler import InterruptRule, decode, sample
+from recipe.model.sampler import InterruptRule, Sampling, decode, sample
 from recipe.tasks import sort6
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -28,15 +28,7 @@ def prompt_ids(policy):
 
 def run(policy, prompt_ids, max_new_tokens=7, seed=0, greedy=False):
     model, tokenizer = policy
-    return sample(
-        model,
-        prompt_ids,
-        max_new_tokens=max_new_tokens,
-        eos_id=tokenizer.eos_token_id,
-        pad_id=tokenizer.pad_token_id,
-        generator=torch.Generator().manual_seed(seed),
-        greedy=greedy,
-    )
+    return sample(model, prompt_ids, Sampling(max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed), greedy=greedy))
 
 
 def test_sequences_stop_at_eos_and_are_padded_after_it(policy, prompt_ids):
@@ -125,10 +117,7 @@ def sample_thinking(thinker, rule, seed=0, max_new_tokens=12):
     model, tokenizer, _, prompt_ids = thinker
     generator = torch.Generator().manual_seed(seed)
     interrupt = rule.draw(prompt_ids.shape[0], generator)
-    out = sample(
-        model, prompt_ids, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
-        pad_id=tokenizer.pad_token_id, generator=generator, interrupt=interrupt,
-    )  # fmt: skip
+    out = sample(model, prompt_ids, Sampling(max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, generator=generator, interrupt=interrupt))  # fmt: skip
     return interrupt.budget_B, out
 
 
@@ -179,7 +168,4 @@ def test_interrupt_budgets_and_phrase_are_checked(thinker):
     with pytest.raises(ValueError, match="low <= high"):
         InterruptRule(close_id, (close_id,), 3, 2)
     with pytest.raises(ValueError, match="3 interrupt budgets for 48 rows"):
-        sample(
-            thinker[0], prompt_ids, max_new_tokens=4, eos_id=0, pad_id=0,
-            interrupt=InterruptRule(close_id, (close_id,), 1, 2).draw(3, None),
-        )  # fmt: skip
+        sample(thinker[0], prompt_ids, Sampling(max_new_tokens=4, eos_id=0, pad_id=0, interrupt=InterruptRule(close_id, (close_id,), 1, 2).draw(3, None)))  # fmt: skip

@@ -25,7 +25,7 @@ import torch.multiprocessing as mp  # noqa: E402
 from recipe.engines.vllm_engine import VllmGenerator, VllmSettings  # noqa: E402
 from recipe.engines.weights import TorchWeightSender, WeightGroupSpec, weight_meta  # noqa: E402
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs  # noqa: E402
-from recipe.model.sampler import sample  # noqa: E402
+from recipe.model.sampler import Sampling, sample  # noqa: E402
 from recipe.pipeline.rendezvous import free_port  # noqa: E402
 from recipe.tasks import sort6  # noqa: E402
 
@@ -147,9 +147,7 @@ def test_vllm_a_push_from_the_trainer_makes_greedy_outputs_the_trainers(run):
     assert run.generator.version == 1 and run.generator.engine_weight_version() == "1"
     assert run.generator.weight_checksums() != checksums_before
     after = run.generator.generate(prompts, num_samples=1, max_new_tokens=10, seed=0, greedy=True)
-    reference = sample(
-        never_stopping_llama(7), torch.tensor(prompts), max_new_tokens=10, eos_id=-1, pad_id=0, greedy=True
-    )
+    reference = sample(never_stopping_llama(7), torch.tensor(prompts), Sampling(max_new_tokens=10, eos_id=-1, pad_id=0, greedy=True))
     assert [list(g[0].token_ids) for g in after] == reference.tokens_BT.tolist()
     assert [g[0].token_ids for g in after] != [g[0].token_ids for g in before]
     assert all(g[0].version_start == g[0].version_end == 1 for g in after)

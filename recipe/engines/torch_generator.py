@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from recipe.engines.base import Group, Sample, WeightMeta
 from recipe.engines.weights import WeightGroupSpec, generator_rank, init_weight_group, receive_into
-from recipe.model.sampler import Decoding
+from recipe.model.sampler import Decoding, Sampling
 
 
 @dataclass
@@ -127,12 +127,14 @@ class TorchGenerator:
         generator = torch.Generator(device=self.device).manual_seed(seed)
         decoding = Decoding(
             prompt_ids_BP,
-            max_new_tokens=max_new_tokens,
-            eos_id=self.eos_id,
-            pad_id=self.pad_id,
-            generator=generator,
-            greedy=greedy,
-            prompt_mask_BP=prompt_mask_BP,
+            Sampling(
+                max_new_tokens=max_new_tokens,
+                eos_id=self.eos_id,
+                pad_id=self.pad_id,
+                generator=generator,
+                greedy=greedy,
+                prompt_mask_BP=prompt_mask_BP,
+            ),
         )
         version_end_B = torch.full((prompt_ids_BP.shape[0],), self.version, dtype=torch.long)
         return _Running(decoding, [g for g, *_ in items], prompts, num_samples, self.version, version_end_B)

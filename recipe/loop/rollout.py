@@ -16,7 +16,7 @@ import torch
 from recipe.config import RecipeConfig
 from recipe.loop.advantages import overlong_penalty
 from recipe.loop.state import Rollout, RunState, uses_deepspeed
-from recipe.model.sampler import Completions, Interrupt, decode, sample
+from recipe.model.sampler import Completions, Interrupt, Sampling, decode, sample
 
 
 class StopBeforeStep(Exception):
@@ -108,15 +108,16 @@ def sample_on_policy(
     compiled: decode through `torch.compile` (the training batches of `engine.kernels=compiled`)."""
     device = next(state.model.parameters()).device
     out = sample(
-        state.model,
-        prompt_ids_BP.to(device),
-        max_new_tokens=state.max_new_tokens,
-        eos_id=state.tokenizer.eos_token_id,
-        pad_id=state.tokenizer.pad_token_id,
-        generator=generator,
-        prompt_mask_BP=None if prompt_mask_BP is None else prompt_mask_BP.to(device),
-        interrupt=interrupt,
-        compiled=compiled,
+        state.model, prompt_ids_BP.to(device),
+        Sampling(
+            max_new_tokens=state.max_new_tokens,
+            eos_id=state.tokenizer.eos_token_id,
+            pad_id=state.tokenizer.pad_token_id,
+            generator=generator,
+            prompt_mask_BP=None if prompt_mask_BP is None else prompt_mask_BP.to(device),
+            interrupt=interrupt,
+            compiled=compiled,
+        ),
     )
     return _to_cpu(out)
 

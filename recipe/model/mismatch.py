@@ -18,7 +18,7 @@ import torch
 from recipe.engines.base import Sample
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, completion_logprobs, load_policy
 from recipe.model.precision import upcast_lm_head
-from recipe.model.sampler import sample
+from recipe.model.sampler import Sampling, sample
 from recipe.tasks.builtin import resolve_model_dir
 from recipe.tasks.sort6 import sort6_prompt_sets
 
@@ -58,8 +58,13 @@ def mismatch(
     prompts, _ = sort6_prompt_sets(num_prompts, 1)
     ids_BP = tokenizer(prompts, return_tensors="pt").input_ids.repeat_interleave(num_samples, dim=0)
     out = sample(
-        generator_model, ids_BP, max_new_tokens=8, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-        generator=torch.Generator().manual_seed(seed),
+        generator_model, ids_BP,
+        Sampling(
+            max_new_tokens=8,
+            eos_id=tokenizer.eos_token_id,
+            pad_id=tokenizer.pad_token_id,
+            generator=torch.Generator().manual_seed(seed),
+        ),
     )  # fmt: skip
     with torch.no_grad():
         trainer_logp = completion_logprobs(trainer_model, ids_BP, out.tokens_BT)

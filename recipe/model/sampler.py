@@ -102,39 +102,30 @@ class InterruptRule:
         return Interrupt(self.close_id, self.phrase_ids, budget_B)
 
 
-@torch.no_grad()
-def sample(
-    model: PreTrainedModel,
-    prompt_ids_BP: torch.Tensor,
-    *,
-    max_new_tokens: int,
-    eos_id: int,
-    pad_id: int,
-    generator: torch.Generator | None = None,
-    greedy: bool = False,
-    prompt_mask_BP: torch.Tensor | None = None,
-    interrupt: Interrupt | None = None,
-    compiled: bool = False,
-) -> Completions:
-    """Complete every prompt until EOS or `max_new_tokens`, whichever comes first.
+@dataclass(frozen=True)
+class Sampling:
+    """How a batch of prompts is completed (`sample`, `Decoding`): everything but the prompts."""
 
-    greedy=True takes the most likely token instead of sampling (the warm-up's metric).
-    prompt_mask_BP marks the real tokens of left-padded prompts (None: no padding).
-    interrupt: force the end of thinking at each row's budget (None: never).
-    compiled: decode steps through `torch.compile` where the lean forward applies
-    (`engine.kernels=compiled`; `LeanLlama.decode_compiled`).
-    """
-    decoding = Decoding(
-        prompt_ids_BP,
-        max_new_tokens=max_new_tokens,
-        eos_id=eos_id,
-        pad_id=pad_id,
-        generator=generator,
-        greedy=greedy,
-        prompt_mask_BP=prompt_mask_BP,
-        interrupt=interrupt,
-        compiled=compiled,
-    )
+    max_new_tokens: int
+    """Each completion ends at EOS or after this many tokens, whichever comes first."""
+    eos_id: int
+    pad_id: int
+    generator: torch.Generator | None = None
+    greedy: bool = False
+    """Take the most likely token instead of sampling (the warm-up's metric)."""
+    prompt_mask_BP: torch.Tensor | None = None
+    """The real tokens of left-padded prompts (None: no padding)."""
+    interrupt: Interrupt | None = None
+    """Force the end of thinking at each row's budget (None: never)."""
+    compiled: bool = False
+    """Decode steps through `torch.compile` where the lean forward applies (`engine.kernels=compiled`;
+    `LeanLlama.decode_compiled`)."""
+
+
+@torch.no_grad()
+def sample(model: PreTrainedModel, prompt_ids_BP: torch.Tensor, sampling: Sampling) -> Completions:
+    """Complete every prompt until EOS or `sampling.max_new_tokens`, whichever comes first."""
+    decoding = Decoding(prompt_ids_BP, sampling)
     while not decoding.done:
         decoding.advance(model)
     return decoding.completions()
@@ -150,27 +141,17 @@ class Decoding:
     computed (what vLLM's pause(mode="keep") does too). `sample` is this loop without pauses.
     """
 
-    def __init__(
-        self,
-        prompt_ids_BP: torch.Tensor,
-        *,
-        max_new_tokens: int,
-        eos_id: int,
-        pad_id: int,
-        generator: torch.Generator | None = None,
-        greedy: bool = False,
-        prompt_mask_BP: torch.Tensor | None = None,
-        interrupt: Interrupt | None = None,
-        compiled: bool = False,
-    ) -> None:
+    def __init__(self, prompt_ids_BP: torch.Tensor, sampling: Sampling) -> None:
+        max_new_tokens, interrupt = sampling.max_new_tokens, sampling.interrupt
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if interrupt is not None and interrupt.budget_B.shape[0] != prompt_ids_BP.shape[0]:
             raise ValueError(f"{interrupt.budget_B.shape[0]} interrupt budgets for {prompt_ids_BP.shape[0]} rows")
         self.prompt_ids_BP, self.max_new_tokens = prompt_ids_BP, max_new_tokens
-        self.eos_id, self.pad_id, self.generator, self.greedy = eos_id, pad_id, generator, greedy
-        self.padded = padding_inputs(prompt_mask_BP)
-        self.compiled = compiled
+        self.eos_id, self.pad_id = sampling.eos_id, sampling.pad_id
+        self.generator, self.greedy = sampling.generator, sampling.greedy
+        self.padded = padding_inputs(sampling.prompt_mask_BP)
+        self.compiled = sampling.compiled
         self.cache: DynamicCache | LeanCache | None = None
         """transformers' cache, or the lean forward's (`recipe.model.lean`: the same tensors) where it applies."""
         self.done_B = torch.zeros(prompt_ids_BP.shape[0], dtype=torch.bool, device=prompt_ids_BP.device)

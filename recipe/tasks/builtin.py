@@ -37,7 +37,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from recipe.config import ConfigError, cache_root
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer
-from recipe.model.sampler import decode, sample
+from recipe.model.sampler import Sampling, decode, sample
 from recipe.tasks import sort6, sumk, task as tasks
 
 BUILTIN_PREFIX = "builtin:"
@@ -197,13 +197,14 @@ def probe_pass_rates(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast,
     rates = {}
     for mode in ("greedy", "sampled"):
         out = sample(
-            model,
-            prompt_ids,
-            max_new_tokens=sort6.SORT6_MAX_NEW_TOKENS,
-            eos_id=tokenizer.eos_token_id,
-            pad_id=tokenizer.pad_token_id,
-            generator=torch.Generator().manual_seed(seed),
-            greedy=mode == "greedy",
+            model, prompt_ids,
+            Sampling(
+                max_new_tokens=sort6.SORT6_MAX_NEW_TOKENS,
+                eos_id=tokenizer.eos_token_id,
+                pad_id=tokenizer.pad_token_id,
+                generator=torch.Generator().manual_seed(seed),
+                greedy=mode == "greedy",
+            ),
         )
         rewards = [sort6.reward(p, c) for p, c in zip(prompts, decode(tokenizer, out))]
         rates[f"{mode}_pass_rate"] = float(np.mean(rewards))
@@ -262,14 +263,15 @@ def sumk_probe(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, seed:
     report: dict[str, Any] = {}
     for mode in ("greedy", "sampled"):
         out = sample(
-            model,
-            prompt_ids,
-            max_new_tokens=sumk.thinking_tokens(sumk.DEFAULT_MAX_DIGITS) + 1 + sumk.ANSWER_TOKENS,
-            eos_id=tokenizer.eos_token_id,
-            pad_id=tokenizer.pad_token_id,
-            generator=torch.Generator().manual_seed(seed),
-            greedy=mode == "greedy",
-            prompt_mask_BP=prompt_mask,
+            model, prompt_ids,
+            Sampling(
+                max_new_tokens=sumk.thinking_tokens(sumk.DEFAULT_MAX_DIGITS) + 1 + sumk.ANSWER_TOKENS,
+                eos_id=tokenizer.eos_token_id,
+                pad_id=tokenizer.pad_token_id,
+                generator=torch.Generator().manual_seed(seed),
+                greedy=mode == "greedy",
+                prompt_mask_BP=prompt_mask,
+            ),
         )
         rewards = np.array([sumk.reward(p, c) for p, c in zip(prompts, decode(tokenizer, out))])
         report[f"{mode}_pass_rate"] = float(rewards.mean())
