@@ -64,6 +64,11 @@ def layout_of(cfg: RecipeConfig, env: TaskEnv) -> Layout:
     return check_layout(cfg, num_nodes=env.num_nodes, tasks_per_node=env.tasks_per_node)
 
 
+def uses_vllm(cfg: RecipeConfig) -> bool:
+    """`engine.generator` resolved: vLLM when asked for, or `auto` with CUDA."""
+    return cfg.engine.generator == "vllm" or (cfg.engine.generator == "auto" and torch.cuda.is_available())
+
+
 def device_for(env: TaskEnv) -> torch.device:
     """One task per GPU; tasks beyond the GPUs a node shows share them round robin (a one-GPU check)."""
     if not torch.cuda.is_available():

@@ -23,7 +23,7 @@ from recipe.loop.lag import Admission, Span, is_stale
 from recipe.loop.rollout import StopBeforeStep, shaped_rewards
 from recipe.loop.state import Rollout, RunState
 from recipe.model.sampler import Completions
-from recipe.pipeline.env import TaskEnv, join_trainer_group, peer_timeout_s
+from recipe.pipeline.env import TaskEnv, join_trainer_group, peer_timeout_s, uses_vllm
 from recipe.pipeline.rendezvous import Rendezvous, free_port, publish
 from recipe.pipeline.transport import ControlServer, group_from_wire, meta_to_wire
 
@@ -140,7 +140,7 @@ class LeadTeam:
 def weight_sender(cfg: RecipeConfig, spec: WeightGroupSpec) -> Any:
     """Trainer rank 0's end of the weight group, for the generators' engine (collective: blocks
     until every generator has joined)."""
-    if cfg.engine.generator == "vllm" or (cfg.engine.generator == "auto" and torch.cuda.is_available()):
+    if uses_vllm(cfg):
         from recipe.engines.vllm_engine import vllm_weight_sender
 
         return vllm_weight_sender(spec)

@@ -24,6 +24,7 @@ from recipe.pipeline.env import (
     layout_of,
     leave_trainer_env,
     peer_timeout_s,
+    uses_vllm,
 )
 from recipe.pipeline.rendezvous import Rendezvous, wait_for_rendezvous
 from recipe.pipeline.transport import ControlClient, group_to_wire, meta_from_wire
@@ -80,7 +81,7 @@ def follow(trainer: Trainer) -> None:
 def build_generator(cfg: RecipeConfig, env: TaskEnv, log: Callable[[str], None]) -> Any:
     """`engine.generator`'s streaming engine, holding the model directory's weights."""
     model_dir = resolve_model_dir(cfg.model.path, log)
-    if cfg.engine.generator == "vllm" or (cfg.engine.generator == "auto" and torch.cuda.is_available()):
+    if uses_vllm(cfg):
         from recipe.engines.vllm_engine import VllmGenerator, settings_from_config
 
         return VllmGenerator(settings_from_config(cfg, str(model_dir)))
