@@ -135,7 +135,7 @@ def show(db: str, run_id: str) -> dict:
 
 
 def assert_clean_curve(store: Store, run_id: str) -> None:
-    from recipe.train import is_eval_step
+    from recipe.loop.evaluate import is_eval_step
 
     cfg = RecipeConfig.from_dict(store.get_run(run_id).config)
     steps = [s for s in range(cfg.budget.steps + 1) if is_eval_step(s, cfg)]
