@@ -20,7 +20,7 @@ from recipe.precision import upcast_lm_head
 QUICK = builtin.WarmupRecipe(num_steps=2, batch_size=8)
 
 
-pytestmark = pytest.mark.usefixtures("torch_one_thread")
+pytestmark = [pytest.mark.usefixtures("torch_one_thread"), pytest.mark.isa]
 
 
 @pytest.fixture(scope="module")

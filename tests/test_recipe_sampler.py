@@ -7,7 +7,7 @@ from recipe import tasks
 from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
 from recipe.sampler import InterruptRule, decode, sample
 
-pytestmark = pytest.mark.usefixtures("torch_one_thread")
+pytestmark = [pytest.mark.usefixtures("torch_one_thread"), pytest.mark.isa]
 
 
 @pytest.fixture(scope="module")
