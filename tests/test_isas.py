@@ -36,6 +36,7 @@ sys.exit(pytest.main(sys.argv[1:]))
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the whole marked set, where the suite's limit is per test
 @pytest.mark.parametrize("level", LEVELS)
 def test_the_kernel_sensitive_tests_pass_under(level, tmp_path):
     if os.environ.get("ATEN_CPU_CAPABILITY"):  # a run already capped: its own level is the one under test
