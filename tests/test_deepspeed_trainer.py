@@ -16,9 +16,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import require_module
 
-if importlib.util.find_spec("deepspeed") is None:
-    pytest.skip("deepspeed is not installed (pip install deepspeed==0.19.8)", allow_module_level=True)
+require_module("deepspeed")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -208,12 +208,22 @@ def test_a_port_that_never_answers_fails_within_the_connect_timeout():
     assert "timeout" in line and f"127.0.0.1:{port}" in line and SECRET not in proc.stdout + proc.stderr
 
 
-def test_the_connect_timeout_default_is_set_on_postgres_engines(pg_url):
-    store = Store(pg_url)
-    assert store._engine.dialect.create_connect_args(store._engine.url) is not None
-    with store._engine.connect() as conn:
-        assert conn.connection.dbapi_connection.info.get_parameters().get("connect_timeout") == "10"
-    store.close()
+def test_the_connect_timeout_default_is_set_on_postgres_engines(pg_url, monkeypatch):
+    """10 s unless the URL names its own `connect_timeout` or SWEEP_DB_CONNECT_TIMEOUT_S sets another."""
+    monkeypatch.delenv("SWEEP_DB_CONNECT_TIMEOUT_S", raising=False)
+
+    def connect_timeout(url):
+        store = Store(url)
+        try:
+            with store._engine.connect() as conn:  # as the server connection was really made
+                return conn.connection.dbapi_connection.info.get_parameters().get("connect_timeout")
+        finally:
+            store.close()
+
+    assert connect_timeout(pg_url) == "10"
+    assert connect_timeout(pg_url + "?connect_timeout=3") == "3"
+    monkeypatch.setenv("SWEEP_DB_CONNECT_TIMEOUT_S", "4")
+    assert connect_timeout(pg_url) == "4"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,19 @@
-"""The lean Llama forward (recipe.model.lean) against transformers' own: bit for bit (torch.equal).
+"""The lean Llama forward (recipe.model.lean) against transformers' own.
 
 Every comparison runs the same thing twice, once with `SWEEP_LEAN=0` (transformers) and once with
 the lean path, from the same weights and the same generator seed.
+
+What is bit for bit (`torch.equal`) and what is not: where both sides run the same operations on
+tensors of the same shapes in the same order (the trainer's forward and backward, sampling without
+a shared prefill), the results are equal on any one machine, whatever its CPU. Where the lean side
+computes a group's prompt once and transformers computes every row of the batch (sampling's shared
+prefill, and so whole training steps), the matmuls have other row counts, and the CPU's kernels
+(MKL, oneDNN, ATen's vectorised loops) choose their blocking, and so the order of each dot
+product's sum, by row count and instruction set: equal on some CPUs, a few ulps apart on others
+(Intel Xeons). Those comparisons assert `assert_within_ulps`, whose budget is derived there.
+
+The module is marked `isa`: tests/test_isas.py runs it again under `ATEN_CPU_CAPABILITY=avx2` and
+`default`, so that other kernels' choices are exercised whatever CPU runs the suite.
 """
 
 import contextlib
@@ -26,7 +38,7 @@ from recipe.tasks import sort6, sumk
 from recipe.tasks.builtin import SUMK_SMALL_SHAPE
 from recipe.tasks.task import load_task
 
-pytestmark = pytest.mark.usefixtures("torch_one_thread")
+pytestmark = [pytest.mark.usefixtures("torch_one_thread"), pytest.mark.isa]
 
 SHAPES = {"1-head": TinyLlamaShape(), "2-heads": SUMK_SMALL_SHAPE}
 PRECISIONS = {
@@ -60,9 +72,37 @@ def sort6_policy(shape="1-head", precision="fp32", seed=0):
     return policy(sort6.VOCABULARY, sort6.EOS, sort6.PAD, SHAPES[shape], precision, seed)
 
 
-def assert_same_completions(a, b):
+# A budget of ulps (the dtype's eps times the largest magnitude of the reference tensor) for the
+# same function computed with dot products summed in another order. Derived from measurements on the
+# shapes used here: the lean prefill's logits, keys and values in fp32 are within 12.4 ulps of the
+# same forward in float64 (the 2-heads shape; 1.3-4 for the others), and in bf16 within 2.1 bf16
+# ulps of the bf16-weighted forward in float64. Any two summation orders are each that close to the
+# exact result, so within twice that of each other: 25 fp32 ulps and 4.2 bf16 ulps. The budgets
+# leave a margin of 2-2.5x for other weights and prompts; a real error (a row given another row's
+# prompt, a wrong position) is off by a sizeable fraction of the magnitude, thousands of fp32 ulps.
+ULPS = {torch.float32: 64, torch.bfloat16: 8}
+
+
+def assert_within_ulps(got, want, dtype=None):
+    """`got` is `want` computed in another summation order: within `ULPS` of want's magnitude, in
+    ulps of `dtype`, the precision the values were computed in (default: want's own)."""
+    dtype = dtype or want.dtype
+    assert got.shape == want.shape and got.dtype == want.dtype
+    ulp = torch.finfo(dtype).eps * float(want.abs().max())
+    worst = float((got.double() - want.double()).abs().max())
+    assert worst <= ULPS[dtype] * ulp, f"{worst / ulp:.1f} ulps of {dtype} apart; {ULPS[dtype]} allowed"
+
+
+def assert_same_completions(a, b, *, exact=True, dtype=None):
+    """The same sampled completions; with `exact`, the same log-probs bit for bit, otherwise up to
+    `assert_within_ulps` of the model's `dtype`. (Tokens are compared exactly either way: a few ulps
+    change a draw only where the uniform number falls within them of a boundary, about one draw in
+    a million, and the seeds here are fixed.)"""
     assert torch.equal(a.tokens_BT, b.tokens_BT)
-    assert torch.equal(a.logp_BT, b.logp_BT)
+    if exact:
+        assert torch.equal(a.logp_BT, b.logp_BT)
+    else:
+        assert_within_ulps(b.logp_BT, a.logp_BT, dtype)
     assert torch.equal(a.mask_BT, b.mask_BT)
     assert torch.equal(a.finished_B, b.finished_B)
     assert (a.forced_BT is None) == (b.forced_BT is None)
@@ -89,20 +129,25 @@ def sample_both(monkeypatch, model, tokenizer, prompt_ids, *, seed=0, **kwargs):
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_sort6_sampling_is_transformers_bit_for_bit(monkeypatch, shape, precision):
+def test_sort6_sampling_is_transformers(monkeypatch, shape, precision):
+    """Bit for bit with distinct prompts; groups of repeated prompts share their prefill on the
+    lean side (other row counts in its matmuls): up to rounding."""
     model, tokenizer = sort6_policy(shape, precision)
     _, prompts = sort6.sort6_prompt_sets(1, 64)
-    prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids.repeat_interleave(2, dim=0)
-    want, got = sample_both(monkeypatch, model, tokenizer, prompt_ids, max_new_tokens=7)
-    assert 1 < len(set(got.lengths_B.tolist())), "completions of different lengths: EOS and padding are exercised"
-    assert_same_completions(want, got)
-    greedy_want, greedy_got = sample_both(monkeypatch, model, tokenizer, prompt_ids, max_new_tokens=7, greedy=True)
-    assert_same_completions(greedy_want, greedy_got)
+    distinct = tokenizer(prompts, return_tensors="pt").input_ids
+    dtype = PRECISIONS[precision][0]
+    for prompt_ids, exact in ((distinct, True), (distinct.repeat_interleave(2, dim=0), False)):
+        assert (RowGroups.of(prompt_ids) is None) == exact
+        want, got = sample_both(monkeypatch, model, tokenizer, prompt_ids, max_new_tokens=7)
+        assert 1 < len(set(got.lengths_B.tolist())), "completions of different lengths: EOS and padding are exercised"
+        assert_same_completions(want, got, exact=exact, dtype=dtype)
+        greedy = sample_both(monkeypatch, model, tokenizer, prompt_ids, max_new_tokens=7, greedy=True)
+        assert_same_completions(*greedy, exact=exact, dtype=dtype)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_sumk_sampling_with_the_interrupt_is_transformers_bit_for_bit(monkeypatch, shape, precision):
+def test_sumk_sampling_with_the_interrupt_is_transformers(monkeypatch, shape, precision):
     model, tokenizer = policy(sumk.VOCABULARY, sumk.EOS, sumk.PAD, SHAPES[shape], precision, 1)
     close_id = tokenizer.convert_tokens_to_ids(sumk.THINK_CLOSE)
     prompt_ids = tokenizer(sumk.prompt_sets(1, 48)[1], return_tensors="pt").input_ids
@@ -110,7 +155,8 @@ def test_sumk_sampling_with_the_interrupt_is_transformers_bit_for_bit(monkeypatc
     interrupt = rule.draw(prompt_ids.shape[0], torch.Generator().manual_seed(3))
     want, got = sample_both(monkeypatch, model, tokenizer, prompt_ids, max_new_tokens=14, interrupt=interrupt)
     assert got.interrupted_B.any(), "the interrupt should fire"
-    assert_same_completions(want, got)
+    exact = RowGroups.of(prompt_ids) is None  # sumk's prompts may repeat: then they share a prefill
+    assert_same_completions(want, got, exact=exact, dtype=PRECISIONS[precision][0])
 
 
 def test_left_padded_prompts_take_transformers(monkeypatch):
@@ -129,6 +175,7 @@ def test_a_decoding_that_loses_the_lean_path_carries_on_in_transformers(monkeypa
     model, tokenizer = sort6_policy()
     _, prompts = sort6.sort6_prompt_sets(1, 16)
     prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids
+    assert RowGroups.of(prompt_ids) is None  # distinct prompts, no shared prefill: bit for bit
 
     def decode(hook_at):
         decoding = Decoding(prompt_ids, Sampling(max_new_tokens=7, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0)))  # fmt: skip
@@ -210,7 +257,9 @@ def test_row_groups_find_runs_of_equal_rows():
 @pytest.mark.parametrize("sizes", [[4, 4, 4, 4], [3, 1, 5, 2]], ids=["uniform", "mixed"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_a_shared_prefill_is_the_whole_prefill_bit_for_bit(shape, precision, sizes):
+def test_a_shared_prefill_is_the_whole_prefill_up_to_rounding(shape, precision, sizes):
+    """Each group's prompt computed once: the whole batch's logits and cache, up to the order of
+    the kernels' sums (they block by row count: bit for bit on some CPUs, not on others)."""
     model, _ = sort6_policy(shape, precision)
     ids = groups_of(sizes)
     forward = lean_llama(model)
@@ -219,11 +268,12 @@ def test_a_shared_prefill_is_the_whole_prefill_bit_for_bit(shape, precision, siz
         want = forward.extend(whole, ids, 1)
         shared = forward.new_cache(capacity=ids.shape[1] + 3)
         got = forward.prefill_shared(shared, ids, RowGroups.of(ids))
-    assert torch.equal(got, want)
+    assert_within_ulps(got, want)
     assert shared.length == whole.length == ids.shape[1]
     for index in range(len(forward.layers)):
-        assert torch.equal(shared.keys[index][:, :, : shared.length], whole.keys[index])
-        assert torch.equal(shared.values[index][:, :, : shared.length], whole.values[index])
+        assert_within_ulps(shared.keys[index][:, :, : shared.length], whole.keys[index])
+        assert_within_ulps(shared.values[index][:, :, : shared.length], whole.values[index])
+    assert not torch.equal(got[:1].expand_as(got), got), "rows of different prompts differ"
 
 
 def test_the_sampling_cache_refuses_a_position_beyond_its_capacity():
@@ -256,7 +306,7 @@ def test_sampled_tensors_are_ordinary_and_can_be_trained_on():
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_completion_logprobs_and_gradients_are_transformers_bit_for_bit(monkeypatch, shape, precision):
+def test_completion_logprobs_and_gradients_are_transformers_bit_for_bit_on_one_machine(monkeypatch, shape, precision):
     model, tokenizer = sort6_policy(shape, precision)
     ids = torch.randint(0, len(tokenizer), (32, 15), generator=torch.Generator().manual_seed(0))
     weights = torch.randn(32, 7, generator=torch.Generator().manual_seed(1))
@@ -310,6 +360,7 @@ def test_the_lean_path_reads_weights_loaded_after_it_was_built(monkeypatch):
     ids = torch.randint(0, len(tokenizer), (8, 15), generator=torch.Generator().manual_seed(0))
     _, prompts = sort6.sort6_prompt_sets(1, 32)
     prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids
+    assert RowGroups.of(prompt_ids) is None  # distinct prompts, no shared prefill: bit for bit
     with torch.no_grad():
         completion_logprobs(model, ids[:, :8], ids[:, 8:])  # builds the lean forward on the old weights
     model.load_state_dict(other.state_dict())  # a checkpoint resume / TorchTrainer.load_state_dict
@@ -401,24 +452,24 @@ def run_steps(cfg, num_steps):
         ("sumk", {"length.interrupt_min": 2, "length.interrupt_max": 5, "precision.lm_head_fp32": False}),
     ],
 )
-def test_training_steps_are_transformers_bit_for_bit(monkeypatch, model_dirs, task, overrides):
+def test_training_steps_are_transformers_up_to_rounding(monkeypatch, model_dirs, task, overrides):
+    """engine.kernels=reference against transformers: the trainer's pass is bit for bit (above),
+    but sampling shares each group's prefill, whose log-probs may differ from the whole batch's in
+    the last bits (see the module's docstring), and through the importance ratio so may the loss,
+    the gradient and, after AdamW divides by sqrt(v), the update. The same batches, the same
+    metrics up to rounding, the same weights up to `assert_same_steps_up_to_rounding`."""
     cfg = step_config(model_dirs, task, overrides)
     with lean_off(monkeypatch):
         want_state, want_metrics = run_steps(cfg, 4)
     got_state, got_metrics = run_steps(cfg, 4)
     assert lean_llama(got_state.model) is not None
-    assert all(m["grad_norm"] > 0 for m in got_metrics), "every step should have had a gradient"
     for want, got in zip(want_metrics, got_metrics, strict=True):
-        assert {k: v for k, v in want.items() if k != "step_seconds"} == {
-            k: v for k, v in got.items() if k != "step_seconds"
-        }
-    want_weights, got_weights = want_state.model.state_dict(), got_state.model.state_dict()
-    assert all(torch.equal(want_weights[k], got_weights[k]) for k in want_weights)
-    want_opt, got_opt = want_state.trainer.optimizer.state_dict(), got_state.trainer.optimizer.state_dict()
-    assert want_opt["param_groups"] == got_opt["param_groups"]
-    for key, state in want_opt["state"].items():
-        assert all(torch.equal(state[name], got_opt["state"][key][name]) for name in state)
+        assert want.keys() == got.keys()
+        for key in want.keys() - {"step_seconds"}:
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+    assert_same_steps_up_to_rounding(want_state, want_metrics, got_state, got_metrics)
     initial = initial_state(cfg, load_task(cfg.data), 7, lambda _: None).model.state_dict()
+    got_weights = got_state.model.state_dict()
     assert not all(torch.equal(got_weights[k], initial[k]) for k in got_weights), "the steps should have trained"
 
 

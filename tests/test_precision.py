@@ -12,7 +12,7 @@ import pytest
 
 from recipe.model.mismatch import mismatch
 
-pytestmark = pytest.mark.usefixtures("torch_one_thread")
+pytestmark = [pytest.mark.usefixtures("torch_one_thread"), pytest.mark.isa]
 
 
 def test_fp32_generator_and_trainer_agree():

@@ -19,7 +19,7 @@ from recipe.tasks import builtin, sort6
 QUICK = builtin.WarmupRecipe(num_steps=2, batch_size=8)
 
 
-pytestmark = pytest.mark.usefixtures("torch_one_thread")
+pytestmark = [pytest.mark.usefixtures("torch_one_thread"), pytest.mark.isa]
 
 
 def test_tokenizer_maps_each_symbol_to_its_vocabulary_position(tokenizer):

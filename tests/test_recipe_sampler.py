@@ -7,7 +7,7 @@ from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenize
 from recipe.model.sampler import InterruptRule, Sampling, decode, sample
 from recipe.tasks import sort6
 
-pytestmark = pytest.mark.usefixtures("torch_one_thread")
+pytestmark = [pytest.mark.usefixtures("torch_one_thread"), pytest.mark.isa]
 
 
 @pytest.fixture(scope="module")

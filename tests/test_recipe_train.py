@@ -113,6 +113,7 @@ def test_flops_follow_the_documented_formula(model_dir, tmp_path):
     assert point["flops"] == 2 * n * positions + 6 * n * positions
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("mode", ["pipeline", "ppo-offpolicy"])
 def test_a_stopped_and_resumed_run_matches_an_uninterrupted_one(model_dir, tmp_path, mode):
     cfg = small_recipe(model_dir, **{"budget.steps": 10, "async.mode": mode, "async.max_lag": 3})

@@ -16,7 +16,7 @@ from math_tiny import build_char_tokenizer
 from recipe.tasks.task import MATH_INTERRUPT_PHRASE, Task, load_task
 from recipe.telemetry.sinks import MemorySink
 
-pytestmark = pytest.mark.usefixtures("torch_one_thread")
+pytestmark = [pytest.mark.usefixtures("torch_one_thread"), pytest.mark.isa]
 
 # A quick base (a few warm-up steps): enough for the mechanics, not for the task.
 TEST_BASE = builtin.SumkWarmupRecipe(num_steps=30)

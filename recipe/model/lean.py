@@ -29,9 +29,10 @@ the same order, with the same shapes, on the same parameters, so its logits, its
   the same `torch.cat` without one); a decoding that can no longer take the lean path hands it
   over as a real `DynamicCache` (`LeanCache.to_dynamic`).
 - Rows that repeat the prompt of the row before them (a group's G samples) share one prefill
-  (`prefill_shared`): a row's matmul, attention and norm results do not depend on the other rows
-  of the batch, so the logits and the cache are those of the whole batch's prefill, bit for bit,
-  for 1/G of its arithmetic. The sampler runs in inference mode (`recipe.model.sampler`).
+  (`prefill_shared`): the logits and the cache of the whole batch's prefill for 1/G of its
+  arithmetic, bit for bit where the CPU's kernels sum a matmul's rows the same way for G times
+  fewer rows (AMD EPYC here), a few ulps apart where they block by row count (Intel Xeons;
+  tests/test_lean.py states the budget). The sampler runs in inference mode (`recipe.model.sampler`).
 
 Nothing is copied: every weight is read from its module at every call, so in-place loads
 (`load_state_dict`, `copy_`), optimizer steps and even replaced parameters apply at once. No

@@ -205,9 +205,9 @@ class Decoding:
 
         The lean forward (`recipe.model.lean`) computes what the model's own forward computes, bit for
         bit, with fewer calls, and prefills each distinct prompt once for the rows that repeat it
-        (the same logits and cache, bit for bit); it is taken for unpadded rows where it applies,
-        and a decoding that can no longer take it (a hook added between tokens) carries on in
-        transformers with the same cache."""
+        (the same logits and cache up to the kernels' rounding, `recipe.lean`); it is taken for
+        unpadded rows where it applies, and a decoding that can no longer take it (a hook added
+        between tokens) carries on in transformers with the same cache."""
         first = self.cache is None
         lean = None if self.padded or not (first or isinstance(self.cache, LeanCache)) else lean_llama(model)
         if first:
