@@ -102,17 +102,35 @@ die_with_log() {
 
 process_gone() { ! kill -0 "$1" 2>/dev/null; }
 
-# The pid of a running daemon: from its pid file, else by its exact process name.
+# Whether process $1 is a daemon of this cluster: one started with another configuration file
+# (`slurmctld -f OTHER.conf`: another cluster on the same machine) is not.
+ours() {
+    local arg prev="" cmdline
+    cmdline="$(tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null)" || return 1
+    while IFS= read -r arg; do
+        [[ "$prev" == "-f" && "$arg" != "$SLURM_CONF" && "$arg" != "$SLURMDBD_CONF" ]] && return 1
+        prev="$arg"
+    done <<<"$cmdline"
+    return 0
+}
+
+# The pid of a running daemon of this cluster: from its pid file, else by its exact process name.
 daemon_pid() {
     local name="$1" pid=""
     if [[ -r "${PID_FILE[$name]}" ]]; then
         pid="$(tr -dc '0-9' <"${PID_FILE[$name]}")"
-        if [[ -n "$pid" && "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$name" ]]; then
+        if [[ -n "$pid" && "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$name" ]] && ours "$pid"; then
             echo "$pid"
             return 0
         fi
     fi
-    pidof -s "$name"
+    for pid in $(pidof "$name"); do
+        if ours "$pid"; then
+            echo "$pid"
+            return 0
+        fi
+    done
+    return 1
 }
 
 is_running() { daemon_pid "$1" >/dev/null; }
