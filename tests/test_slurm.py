@@ -320,16 +320,18 @@ def test_the_tests_cancel_only_their_own_jobs_on_the_dev_cluster(slurm_cluster, 
         assert not re.search(r'"scancel",\s*"-u"', test.read_text()), test.name
 
 
-def test_a_slurm_other_than_the_dev_cluster_is_never_touched(slurm_cluster, tmp_path, monkeypatch):
+def test_a_slurm_other_than_the_dev_cluster_is_never_touched(slurm_cluster, tmp_path):
     """The same daemons, reached through a slurm.conf that dev-cluster.sh did not write (as on a
-    login node): the check refuses it, so the fixtures neither cancel nor submit there."""
+    login node), or under another cluster name: the check refuses both, so the fixtures neither
+    cancel nor submit there."""
     from conftest import dev_cluster_problem
 
     assert dev_cluster_problem() is None
     conf = tmp_path / "slurm.conf"
     conf.write_text("\n".join(Path("/etc/slurm/slurm.conf").read_text().splitlines()[1:]) + "\n")
-    monkeypatch.setenv("SLURM_CONF", str(conf))
-    assert "not written by slurm/dev-cluster.sh" in (dev_cluster_problem() or "")
-    monkeypatch.setenv("DEV_CLUSTER_NAME", "prod")
-    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/slurm.conf")
-    assert "not the dev cluster 'prod'" in (dev_cluster_problem() or "")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SLURM_CONF", str(conf))
+        assert "not written by slurm/dev-cluster.sh" in (dev_cluster_problem() or "")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DEV_CLUSTER_NAME", "prod")
+        assert "not the dev cluster 'prod'" in (dev_cluster_problem() or "")
