@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.segment import Segment
 from rich.markup import escape
 from rich.table import Table
 
@@ -132,11 +134,32 @@ def _axis_keys(axes: Sequence[dict[str, Any]]) -> list[str]:
     return keys
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters (ESC of a terminal escape sequence, BEL, CR, ...) shown
+    as `\\x1b`, never sent to the terminal; newlines and tabs stay."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+class _PrintableConsole(Console):
+    """A console whose text never carries a label's or a log's terminal escape sequences: every
+    text segment goes through `printable`; rich's own styling and cursor control (its control
+    segments, and the codes it makes from styles) are untouched."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            segment if segment.control else Segment(printable(segment.text), segment.style, segment.control)
+            for segment in buffer
+        )
+
+
 def console(stderr: bool = False) -> Console:
     """A terminal gets its own width; a pipe or file gets a wide one, so tables stay readable."""
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() or os.environ.get("COLUMNS") else PIPE_WIDTH
-    return Console(stderr=stderr, highlight=False, width=width)
+    return _PrintableConsole(stderr=stderr, highlight=False, width=width)
 
 
 def run_details(data: dict[str, Any]) -> str:

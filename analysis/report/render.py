@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from analysis import AxisEffect, Comparison, Extrapolation, Interval
-from analysis.report.plots import Plot, config_plot_name, render_plots
+from analysis.report.plots import Plot, config_plot_name, percent, render_plots
 from analysis.report.build import SCHEMA_VERSION, ConfigResult, Report
 
 PARAMS = ("A", "B", "Cmid")
@@ -150,7 +150,7 @@ def render_table(report: Report, console: Console) -> None:
             "[bold]Comparisons[/] (paper's rule: A's within the margin are refitted with a shared A and compared on B)"
         )
         for c in report.comparisons:
-            console.print(f"  {c.reason}", soft_wrap=True)
+            console.print(Text(f"  {c.reason}"), soft_wrap=True)
     if report.effects:
         console.print(effects_table(report))
 
@@ -159,12 +159,12 @@ def fit_table(report: Report) -> Table:
     header, rows = fit_grid(report)
     caption = "ranked by A, then B; flagged fits are not ranked"
     if any(c.boot for c in report.configs):
-        caption += f"; lo-hi: {report.options.level:.0%} bootstrap intervals"
+        caption += f"; lo-hi: {percent(report.options.level)} bootstrap intervals"
     table = Table(title=_fit_title(report), title_justify="left", caption=caption)
-    text_columns = {*(_axis_keys(report) or ["run"]), "flags"}
+    text_columns = {*(_axis_headers(report) or ["run"]), "flags"}
     for name in header:
         justify: Literal["left", "right"] = "left" if name in text_columns else "right"
-        table.add_column(name, justify=justify, style="yellow" if name == "flags" else None, overflow="fold")
+        table.add_column(Text(name), justify=justify, style="yellow" if name == "flags" else None, overflow="fold")
     for row in rows:
         cells = [Text(cell) for cell in row]
         for cell in cells:
@@ -181,7 +181,7 @@ def fit_grid(report: Report) -> tuple[list[str], list[list[str]]]:
     with_intervals = any(c.boot for c in configs)
     with_extrapolation = any(c.extrapolation for c in configs)
     with_methods = len({c.fit.method for c in configs}) > 1  # else the title names the one method
-    header = ["#", *(axis_keys or ["run"])]
+    header = ["#", *(_axis_headers(report) or ["run"])]
     header += ["seeds"] if with_seeds else []
     header += [f"{name} (lo-hi)" if with_intervals else name for name in PARAMS]
     header += [
@@ -270,11 +270,21 @@ def _axis_keys(report: Report) -> list[str]:
     return keys
 
 
+FIT_COLUMNS = ("#", "run", "seeds", *PARAMS, *(f"{name} (lo-hi)" for name in PARAMS), "R0", "R²", "n",
+               "predicted", "rank@C", "p_best", "method", "flags")  # fmt: skip
+
+
+def _axis_headers(report: Report) -> list[str]:
+    """The fit table's axis columns: an axis named like a fixed column (`A`, `n`, `flags`) gets
+    "axis:" in front, as in the CSV, so that no two columns share a header."""
+    return [f"axis:{k}" if k in FIT_COLUMNS else k for k in _axis_keys(report)]
+
+
 def effects_table(report: Report) -> Table:
     header, rows = effect_grid(report)
     table = Table(title="Effects of each axis (asymptote A, or only efficiency B and Cmid)", title_justify="left")
     for name in header:
-        table.add_column(name)
+        table.add_column(Text(name))
     for row in rows:
         table.add_row(*map(Text, row))
     return table
@@ -347,7 +357,7 @@ def _summary(report: Report) -> str:
         f"R0 {opts.r0}, cutoff {opts.cutoff:g}"
     )
     if opts.n_boot:
-        text += f"; lo-hi: {opts.level:.0%} bootstrap intervals ({opts.n_boot} samples)"
+        text += f"; lo-hi: {percent(opts.level)} bootstrap intervals ({opts.n_boot} samples)"
     if opts.fit_until is not None:
         text += f"; predicted: fit up to {opts.fit_until:g}, predicted at {opts.predict_at:g}"
     flagged = "flagged fits are ranked too" if opts.include_flagged else "flagged fits are not ranked"
