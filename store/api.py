@@ -285,6 +285,8 @@ class Store:
         db = make_url(self.url).database
         if db and db != ":memory:" and not db.startswith("file:"):
             path = Path(db)
+            if path.is_dir():
+                raise StoreError(f"the store {self.display_url} is a directory; give an SQLite file, e.g. {path / 'sweeps.db'}")
             if create:
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)
@@ -353,11 +355,23 @@ class Store:
 
     def upsert_sweep(self, name: str, spec: dict[str, Any], root_dir: str, executor: str) -> SweepRecord:
         """Create the sweep, or update its spec/root/executor if it exists (safe to race)."""
-        values = {"name": name, "spec": spec, "root_dir": root_dir, "executor": executor}
         with self._write(f"registering sweep {name!r}") as s:
-            stmt = _insert(self)(Sweep).values(**values)
-            s.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={**values, "updated_at": utcnow()}))
-            return _sweep(s.scalars(select(Sweep).where(Sweep.name == name)).one())
+            return self._upsert_sweep(s, name, spec, root_dir, executor)
+
+    def _upsert_sweep(self, s: Session, name: str, spec: dict[str, Any], root_dir: str, executor: str) -> SweepRecord:
+        values = {"name": name, "spec": spec, "root_dir": root_dir, "executor": executor}
+        stmt = _insert(self)(Sweep).values(**values)
+        s.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={**values, "updated_at": utcnow()}))
+        return _sweep(s.scalars(select(Sweep).where(Sweep.name == name)).one())
+
+    def register_sweep(
+        self, name: str, spec: dict[str, Any], root_dir: str, executor: str, runs: Sequence[NewRun]
+    ) -> list[str]:
+        """`sweep launch`: the sweep (created, or its settings updated) and its runs that are not
+        in the store yet, in ONE transaction; the ids that were new."""
+        with self._write(f"registering sweep {name!r}") as s:
+            self._upsert_sweep(s, name, spec, root_dir, executor)
+            return self._register_runs(s, name, runs)
 
     def get_sweep(self, name: str) -> SweepRecord | None:
         with self._read(f"reading sweep {name!r}") as s:
@@ -376,18 +390,23 @@ class Store:
         if not runs:
             return []
         with self._write(f"registering runs of {sweep!r}") as s:
-            sweep_id = _sweep_id(s, sweep)
-            rows = [
-                {"id": r.id, "sweep_id": sweep_id, "position": r.position, "config": r.config, "axes": r.axes,
-                 "budget": r.budget, "run_dir": r.run_dir, "state": RunState.REGISTERED, "step": 0}
-                for r in runs
-            ]  # fmt: skip
-            # One statement executed with all rows: SQLAlchemy batches it into multi-row INSERTs
-            # under the bound-parameter limit and compiles it once (a 1,000-row .values() took
-            # 0.3 s to compile, 3 s for 10,000 runs); RETURNING yields only the rows inserted.
-            stmt = _insert(self)(Run).on_conflict_do_nothing().returning(Run.id)
-            inserted = set(s.scalars(stmt, rows))
-            return [r.id for r in runs if r.id in inserted]
+            return self._register_runs(s, sweep, runs)
+
+    def _register_runs(self, s: Session, sweep: str, runs: Sequence[NewRun]) -> list[str]:
+        if not runs:
+            return []
+        sweep_id = _sweep_id(s, sweep)
+        rows = [
+            {"id": r.id, "sweep_id": sweep_id, "position": r.position, "config": r.config, "axes": r.axes,
+             "budget": r.budget, "run_dir": r.run_dir, "state": RunState.REGISTERED, "step": 0}
+            for r in runs
+        ]  # fmt: skip
+        # One statement executed with all rows: SQLAlchemy batches it into multi-row INSERTs
+        # under the bound-parameter limit and compiles it once (a 1,000-row .values() took
+        # 0.3 s to compile, 3 s for 10,000 runs); RETURNING yields only the rows inserted.
+        stmt = _insert(self)(Run).on_conflict_do_nothing().returning(Run.id)
+        inserted = set(s.scalars(stmt, rows))
+        return [r.id for r in runs if r.id in inserted]
 
     def import_runs(
         self,
@@ -403,10 +422,9 @@ class Store:
         Returns (whether the sweep was created, the ids of the runs that were new)."""
         now = utcnow()
         with self._write(f"importing {len(runs)} runs into {sweep!r}") as s:
-            created = s.scalar(select(Sweep.id).where(Sweep.name == sweep)) is None
-            if created:
-                s.add(Sweep(name=sweep, spec=spec, root_dir="", executor=executor))
-                s.flush()
+            # Imports racing into a new sweep: one creates it, the others find it (no unique-key error).
+            stmt = _insert(self)(Sweep).values(name=sweep, spec=spec, root_dir="", executor=executor)
+            created = s.scalar(stmt.on_conflict_do_nothing(index_elements=["name"]).returning(Sweep.id)) is not None
             sweep_id = _sweep_id(s, sweep)
             start = (s.scalar(select(func.max(Run.position)).where(Run.sweep_id == sweep_id)) or -1) + 1
             rows = [
