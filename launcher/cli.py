@@ -488,10 +488,10 @@ def logs_cmd(ctx: click.Context, run: str, which: str, follow: bool) -> None:
 @click.option(
     "--bootstrap",
     "n_boot",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, 100_000),
     default=200,
     show_default=True,
-    help="Bootstrap samples for intervals (0: none).",
+    help="Bootstrap samples for intervals (0: none; at most 100,000).",
 )
 @click.option("--level", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True, help="Interval level.")
 @click.option("--include-flagged", is_flag=True, help="Rank flagged fits too.")
@@ -531,8 +531,8 @@ def report_cmd(
     DIR gets one PNG per configuration and per axis, and the report file in the chosen format
     (table: the table is printed, plots only).
     """
+    from analysis.report.build import ReportError, ReportOptions, build_report
     from analysis.report.plots import PlotError
-    from analysis.report.build import ReportOptions, build_report
     from analysis.report.render import render_table, render_text, write_report
 
     if fit_until is not None and predict_at is not None and fit_until[1] != predict_at[1]:
@@ -546,7 +546,10 @@ def report_cmd(
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     store = _store(ctx)
-    report = build_report(store, _sweep_name(store, sweep), options)
+    try:
+        report = build_report(store, _sweep_name(store, sweep), options)
+    except ReportError as exc:
+        _fail(str(exc))
     try:
         if out is None:
             if fmt == "table":

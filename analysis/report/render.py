@@ -48,6 +48,7 @@ def to_json_dict(report: Report) -> dict[str, Any]:
         "runs": [_config_json(c) for c in report.configs],
         "comparisons": [_comparison_json(c) for c in report.comparisons],
         "effects": [_effect_json(e) for e in report.effects],
+        "reruns": dict(report.reruns),
     }
 
 
@@ -142,9 +143,8 @@ def _interval(interval: Interval) -> list[float | None] | None:
 
 def render_table(report: Report, console: Console) -> None:
     console.print(fit_table(report))
-    summary = prediction_summary(report)
-    if summary:
-        console.print(summary, soft_wrap=True)
+    for line in filter(None, (prediction_summary(report), reruns_line(report))):
+        console.print(Text(line), soft_wrap=True)
     if report.comparisons:
         console.print(
             "[bold]Comparisons[/] (paper's rule: A's within the margin are refitted with a shared A and compared on B)"
@@ -229,14 +229,25 @@ def prediction_summary(report: Report) -> str | None:
     close = sum(abs(e.error) <= opts.margin for e in checked if e.error is not None)
     target = f"{opts.predict_at:.0%}" if opts.relative and opts.fit_until is not None else at(opts.predict_at)
     text = f"Predictions ({where}predicted at {target}): "
+    reached = sum(e.observed is not None for e in made)
     if checked:
         text += f"within {opts.margin:g} of the observed pass rate for {close} of {len(checked)} configurations"
+    elif reached:
+        text += f"{reached} of {len(made)} configurations reached it, none with a prediction to check"
     else:
         text += "no configuration has reached it yet"
     withheld = [e for e in made if e.withheld is not None]
     if withheld:
         text += f"; {len(withheld)} withheld (unstable or unfitted before C1)"
     return text + "."
+
+
+def reruns_line(report: Report) -> str | None:
+    """Which runs are same-seed reruns, kept out of the fits as reproductions."""
+    if not report.reruns:
+        return None
+    pairs = ", ".join(f"{rerun} (a rerun of {original})" for rerun, original in sorted(report.reruns.items()))
+    return f"Same-seed reruns, reproductions kept out of the fits: {pairs}."
 
 
 def comparison_grid(report: Report) -> tuple[list[str], list[list[str]]]:
@@ -324,8 +335,8 @@ def _fmt(value: float | None, spec: str) -> str:
 def render_markdown(report: Report) -> str:
     """GitHub-flavoured Markdown: the fit table, the comparisons and the effects."""
     parts = [f"# sweep {report.sweep}", "", _summary(report), "", "## Fits", "", _md_table(*fit_grid(report))]
-    if (predictions := prediction_summary(report)) is not None:
-        parts += ["", predictions]
+    for line in filter(None, (prediction_summary(report), reruns_line(report))):
+        parts += ["", line]
     if report.comparisons:
         parts += ["", "## Comparisons", "", COMPARISON_NOTE, "", _md_table(*comparison_grid(report))]
     if report.effects:
