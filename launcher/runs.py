@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from typing import Any
 from launcher.launch import LaunchError, _submit
 from recipe.config import ConfigError, RecipeConfig, canonical_json, read_run_files, write_run_files
 from recipe.provenance import code_version
-from store import NewRun, NotFoundError, RunRecord, RunState, Store
+from store import TERMINAL_STATES, NewRun, NotFoundError, RunRecord, RunState, Store
 
 LAST_EVAL_POINTS = 5
 
@@ -65,8 +67,13 @@ def rerun(store: Store, ref: str, *, seed: int | None = None) -> RerunResult:
     submit it with the sweep's executor."""
     original = store.get_run(ref)
     sweep = store.get_sweep(original.sweep)
-    if sweep is None or not sweep.root_dir or sweep.executor == "import":
-        raise NotFoundError(f"run {original.id} was imported, not run: there is no recipe config to rerun")
+    source = original.config.get("source") == "import"
+    if sweep is None or not sweep.root_dir or sweep.executor == "import" or source:
+        where = f" from {original.config['file']}" if source and original.config.get("file") else ""
+        raise NotFoundError(
+            f"run {original.id} of sweep {original.sweep} was imported{where}, not run: it has no recipe config "
+            "to rerun; rerun one of the sweep's launched runs"
+        )
     config = _config(original, seed)
     run_id = _new_id(store, original, config)
     axes = dict(original.axes) | ({"seed": seed} if seed is not None and "seed" in original.axes else {})
@@ -121,3 +128,34 @@ def _code_note(store: Store, original: RunRecord) -> str | None:
     if then and now and then != now:
         return f"run {original.id} ran code commit {then[:12]}; this rerun runs {now[:12]}"
     return None
+
+
+def log_path(store: Store, ref: str, which: str) -> tuple[RunRecord, Path]:
+    """The run and the path of its latest attempt's `which` log ("stdout" or "stderr")."""
+    record = store.get_run(ref)
+    attempts = store.attempts(record.id)
+    if not attempts:
+        raise NotFoundError(f"run {record.id} has not been submitted yet")
+    path = getattr(attempts[-1], f"{which}_path")
+    if not path or not Path(path).exists():
+        raise NotFoundError(
+            f"run {record.id}, attempt {attempts[-1].number}: no {which} log yet (expected at {path or 'unknown'})"
+        )
+    return record, Path(path)
+
+
+def read_log(store: Store, run_id: str, path: Path, *, follow: bool, poll_s: float = 0.5) -> Iterator[str]:
+    """The log's text; with `follow`, then what is appended, until the run has ended (or another
+    attempt took over) and the log has nothing more."""
+    attempts = len(store.attempts(run_id))
+    with open(path, errors="replace") as handle:
+        yield handle.read()
+        while follow:
+            chunk = handle.read()
+            if chunk:
+                yield chunk
+                continue
+            if store.get_run(run_id).state in TERMINAL_STATES or len(store.attempts(run_id)) != attempts:
+                yield handle.read()
+                return
+            time.sleep(poll_s)

@@ -10,7 +10,8 @@ knows nothing of fits).
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from store import TERMINAL_STATES, AttemptRecord, AttemptState, EvalRecord, RunR
 
 
 Pruner = Callable[[Store, str], object]
-"""Applies a sweep's live prune policy (the CLI's `_live_prune`)."""
+"""Applies a sweep's live prune policy (analysis.report.prune.apply_live_policy, which the CLI hands in)."""
 
 SYNCHRONOUS_PIPELINE = "async.mode=pipeline with engine.generator_ranks=0: synchronous (lag 0)"
 
@@ -151,3 +152,14 @@ def summary(rows: list[StatusRow]) -> dict[str, int]:
 
 def all_ended(rows: list[StatusRow]) -> bool:
     return all(r.run.state in TERMINAL_STATES or r.run.state == RunState.REGISTERED for r in rows)
+
+
+def watch(store: Store, sweep: str, *, prune: Pruner | None = None, interval_s: float = 2.0) -> Iterator[list[StatusRow]]:
+    """The sweep's rows (synced, with the live prune step), again every `interval_s` until every
+    run has ended; the last rows yielded are the final ones."""
+    while True:
+        rows = collect(store, sweep, prune=prune)
+        yield rows
+        if all_ended(rows):
+            return
+        time.sleep(interval_s)
