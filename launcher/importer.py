@@ -65,7 +65,7 @@ class ImportFileError(ValueError):
         shown = self.errors[:MAX_ERRORS_SHOWN]
         more = len(self.errors) - len(shown)
         if len(self.errors) == 1:
-            super().__init__(f"{self.errors[0]} (nothing was imported)")
+            super().__init__(f"{self.errors[0]} (nothing was written)")
             return
         lines = [f"cannot import {path}; nothing was written:", *shown]
         if more:
