@@ -30,7 +30,7 @@ import numpy as np
 
 from recipe import math as math_check
 from recipe import tasks_think
-from recipe.config import ConfigError, DataConfig, NotAvailableError
+from recipe.config import SORT6_MAX_NEW_TOKENS, ConfigError, DataConfig, NotAvailableError
 
 PAD = "<pad>"
 EOS = "</s>"
@@ -39,9 +39,6 @@ ANSWER_MARK = "="
 DIGITS = tuple(str(d) for d in range(10))
 VOCABULARY = (PAD, EOS, *DIGITS, SEPARATOR, ANSWER_MARK)
 """Every symbol of sort6; the position of a symbol is its token id."""
-
-SORT6_MAX_NEW_TOKENS = 7
-"""Six digits and EOS: a completion that has not ended by then is truncated."""
 
 NUM_NUMBERS = 900
 """3-digit numbers: 100..999."""
@@ -181,17 +178,12 @@ def math_split(data: DataConfig) -> tuple[list[math_check.MathRow], list[math_ch
     the two sets are disjoint.
     """
     valid_all = math_check.read_math_jsonl(data.valid, "data.valid")
-    same = Path(data.train).expanduser().resolve() == Path(data.valid).expanduser().resolve()
+    same = data.same_files()
     train_all = valid_all if same else math_check.read_math_jsonl(data.train, "data.train")
     valid_order = _row_order(len(valid_all))
     valid = [valid_all[i] for i in valid_order[: data.num_valid_prompts]]
     if same:
-        if len(valid_all) <= data.num_valid_prompts:
-            raise ConfigError(
-                "data.num_valid_prompts",
-                f"{data.num_valid_prompts} held-out rows leave none of the {len(valid_all)} rows of "
-                f"{data.train} to train on; lower data.num_valid_prompts or give a separate data.valid",
-            )
+        data.check_split(len(valid_all))  # `sweep launch` checks it too (launcher.preflight)
         train = [valid_all[i] for i in valid_order[data.num_valid_prompts :][: data.num_train_prompts]]
     else:
         train = [train_all[i] for i in _row_order(len(train_all))[: data.num_train_prompts]]

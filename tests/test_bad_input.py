@@ -198,3 +198,62 @@ def test_read_verbs_never_create_a_store_and_a_directory_is_named(tmp_path):
 def test_show_of_an_empty_name_asks_for_a_run(sqlite_url):
     line = _one_error(*_sweep(sqlite_url, "show", ""))
     assert "give a run id" in line and "sweep name" not in line
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch: what the job would refuse is refused first; nothing is registered
+
+
+GRID = "name: g\nbudget: {steps: 2}\n"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["recipe.model.path=builtin:nope"], "model.path: unknown built-in model 'builtin:nope'; "),
+        (["recipe.model.path=builtin:sort6-tyni"], "did you mean 'builtin:sort6-tiny'?"),
+        (["recipe.model.path={empty_model}"], "its config.json names no model_type"),
+        (["recipe.length.control=interrupt", "recipe.length.interrupt_min=3", "recipe.length.interrupt_max=5"],
+         "length.control: 'interrupt' with length.interrupt_min=3 below sort6's generation cap of 7 tokens"),
+        (["prune={{every: 1.0e-12}}"], "prune.every: invalid value 1e-12; expected a number in [0.001, 1]"),
+        (["prune={{level: 0.4}}"], "prune.level: invalid value 0.4; expected a number in [0.5, 0.999]"),
+        (["prune={{n_boot: 2.5}}"], "prune.n_boot: invalid value 2.5; expected an integer in [10, 10000]"),
+        (["prune={{first_at: 0}}"], "prune.first_at: invalid value 0; expected a number in (0, 1]"),
+    ],
+)  # fmt: skip
+def test_launch_refuses_what_the_job_would_refuse(sqlite_url, tmp_path, sweep_file, overrides, expected):
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    (empty / "config.json").write_text("{}")
+    grid = sweep_file(GRID)
+    args = [o.format(empty_model=empty) for o in overrides]
+    line = _one_error(*_sweep(sqlite_url, "launch", str(grid), *args, "--cluster", "local"))
+    assert line.startswith(f"error: {grid}: ") and expected in line
+    assert not Path(sqlite_url.removeprefix("sqlite:///")).exists()
+
+
+def test_a_held_out_set_that_leaves_nothing_to_train_on_is_refused_at_launch(sqlite_url, tmp_path, sweep_file):
+    pytest.importorskip("math_verify")
+    data = tmp_path / "math.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(4)))
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3"}')
+    grid = sweep_file(GRID)
+    args = ["recipe.data.task=math-jsonl", f"recipe.data.train={data}", f"recipe.data.valid={data}",
+            "recipe.data.num_valid_prompts=4", f"recipe.model.path={tmp_path}"]  # fmt: skip
+    line = _one_error(*_sweep(sqlite_url, "launch", str(grid), *args, "--cluster", "local"))
+    assert "data.num_valid_prompts: 4 held-out rows leave none of the 4 rows" in line
+    assert not Path(sqlite_url.removeprefix("sqlite:///")).exists()
+
+
+@pytest.mark.parametrize("where", ["file", "proc"])
+def test_a_run_directory_that_cannot_be_made_registers_nothing(sqlite_url, tmp_path, sweep_file, where):
+    grid = sweep_file(GRID)
+    code, out = _sweep(sqlite_url, "launch", str(grid), "--dry-run", "--json")
+    run_id = json.loads(out)["runs"][0]["id"]
+    root = tmp_path / "root" if where == "file" else Path("/proc")
+    if where == "file":
+        (root / "g").mkdir(parents=True)
+        (root / "g" / run_id).write_text("in the way")
+    line = _one_error(*_sweep(sqlite_url, "launch", str(grid), "--root", str(root), "--cluster", "local"))
+    assert f"cannot write run {run_id}'s directory under {root / 'g'}" in line and "give another --root" in line
+    assert Store(sqlite_url).list_sweeps() == []
