@@ -92,6 +92,9 @@ def status_table(sweep: str, rows: Sequence[StatusRow], *, compute: str) -> Tabl
     table.add_column("run", no_wrap=True, min_width=12)
     for key in axis_keys:
         table.add_column(escape(key))
+    with_seed = "seed" not in axis_keys  # every run's seed is shown: a same-seed rerun reads as one
+    if with_seed:
+        table.add_column("seed", justify="right")
     for name in ("state", "att.", "step", "pass rate", compute, "job"):
         table.add_column(name, justify="right" if name in ("att.", "step", "pass rate", compute) else "left")
     for row in rows:
@@ -102,6 +105,7 @@ def status_table(sweep: str, rows: Sequence[StatusRow], *, compute: str) -> Tabl
         table.add_row(
             escape(row.run.id),
             *(fmt_value(row.run.axes.get(k)) for k in axis_keys),
+            *([fmt_value(row.seed)] if with_seed else []),
             f"[{STATE_STYLE[state]}]{state}[/]" if state in STATE_STYLE else str(state),
             str(row.num_attempts),
             step,
@@ -172,7 +176,8 @@ def run_details(data: dict[str, Any]) -> str:
         f"[bold]run {escape(data['run'])}[/] of sweep {escape(data['sweep'])}: {escape(str(data['state']))}"
         + (f" ({escape(data['reason'])})" if data.get("reason") else ""),
         f"  step {data['step']}, budget {escape(json.dumps(data['budget']))}, dir {escape(data['run_dir'])}",
-        f"  axes: {escape(json.dumps(data['axes'], default=str))}",
+        f"  axes: {escape(json.dumps(data['axes'], default=str))}, seed {escape(str(data.get('seed')))}"
+        + (f"; a same-seed rerun of {escape(data['rerun_of'])} (kept out of the fits)" if data.get("rerun_of") else ""),
         "attempts:",
         *(
             f"  #{a['number']} {escape(a['executor'])} {escape(str(a['state']))}"

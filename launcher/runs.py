@@ -16,7 +16,7 @@ from typing import Any
 from launcher.launch import LaunchError, _submit
 from recipe.config import ConfigError, RecipeConfig, canonical_json, read_run_files, write_run_files
 from recipe.provenance import code_version
-from store import TERMINAL_STATES, NewRun, NotFoundError, RunRecord, RunState, Store
+from store import TERMINAL_STATES, NewRun, NotFoundError, RunRecord, RunState, Store, same_seed_reruns
 
 LAST_EVAL_POINTS = 5
 
@@ -36,6 +36,8 @@ def show(store: Store, ref: str) -> dict[str, Any]:
         "budget": run.budget,
         "run_dir": run.run_dir,
         "axes": run.axes,
+        "seed": run.axes.get("seed", run.config.get("seed")),
+        "rerun_of": rerun_of(store, run),
         "config": run.config,
         "attempts": [
             {
@@ -50,6 +52,12 @@ def show(store: Store, ref: str) -> dict[str, Any]:
         "eval_points": [dataclasses.asdict(p) for p in store.eval_points(run.id)[-LAST_EVAL_POINTS:]],
         "provenance": latest,
     }
+
+
+def rerun_of(store: Store, run: RunRecord) -> str | None:
+    """The earlier run of the sweep that `run` reproduces (store.same_seed_reruns: a `sweep
+    rerun` without --seed), else None. Such a rerun is kept out of the fits."""
+    return same_seed_reruns(store.runs(run.sweep)).get(run.id)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ class StatusRow:
     last: EvalRecord | None
     notes: tuple[str, ...] = ()
     """What a user should know about how the run executes."""
+    seed: int | None = None
+    """The run's seed: its `seed` axis, else its config's (an imported run without one: None)."""
 
     @property
     def budget_steps(self) -> int | None:
@@ -52,6 +54,7 @@ class StatusRow:
         return {
             "run": self.run.id,
             "axes": self.run.axes,
+            "seed": self.seed,
             "state": self.run.state,
             "reason": self.run.state_reason,
             "prune": self.run.prune,
@@ -79,11 +82,14 @@ def collect(store: Store, sweep: str, *, reconcile: bool = True, prune: Pruner |
     attempts = store.latest_attempts(sweep)
     counts = store.attempt_counts(sweep)
     last = store.last_eval_points(sweep)
-    values = store.config_values(sweep, NOTE_KEYS)
+    values = store.config_values(sweep, (*NOTE_KEYS, "seed"))
     return [
-        StatusRow(r, counts.get(r.id, 0), attempts.get(r.id), last.get(r.id), _notes(values.get(r.id, ())))
+        StatusRow(
+            r, counts.get(r.id, 0), attempts.get(r.id), last.get(r.id), _notes(values.get(r.id, ())[:-1]),
+            r.axes.get("seed", values.get(r.id, (None,))[-1]),
+        )
         for r in runs
-    ]
+    ]  # fmt: skip
 
 
 def _notes(values: tuple[Any, ...]) -> tuple[str, ...]:

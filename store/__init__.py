@@ -15,6 +15,7 @@ from store.api import (
     TrackedAttempt,
     mask_url,
     resolve_url,
+    same_seed_reruns,
     scrub,
 )
 from store.axes import COMPUTE_AXES, MEASURED_COMPUTE_AXES
@@ -62,5 +63,6 @@ __all__ = [
     "TrackedAttempt",
     "mask_url",
     "resolve_url",
+    "same_seed_reruns",
     "scrub",
 ]

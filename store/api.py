@@ -83,6 +83,27 @@ class RunRecord:
         return json.loads(data) if isinstance(data, str) else data
 
 
+def same_seed_reruns(runs: Sequence[RunRecord]) -> dict[str, str]:
+    """{rerun id: the earlier run it reproduces} among `runs` (a sweep's, in position order): a
+    launched run whose resolved config, seed included, equals an earlier one's (`sweep rerun`
+    without --seed); an imported run whose labels, a seed among them, equal an earlier one's.
+    A reproduction is not an independent replicate: the report keeps it out of the fits."""
+    first: dict[str, str] = {}
+    reruns: dict[str, str] = {}
+    for run in sorted(runs, key=lambda r: r.position):
+        if run.config.get("source") == "import":
+            if run.axes.get("seed") is None:
+                continue
+            key = "import " + json.dumps(run.axes, sort_keys=True, default=str)
+        else:
+            key = json.dumps(run.config, sort_keys=True, default=str)
+        if key in first:
+            reruns[run.id] = first[key]
+        else:
+            first[key] = run.id
+    return reruns
+
+
 @dataclass(frozen=True)
 class NewRun:
     id: str

@@ -257,3 +257,65 @@ def test_a_run_directory_that_cannot_be_made_registers_nothing(sqlite_url, tmp_p
     line = _one_error(*_sweep(sqlite_url, "launch", str(grid), "--root", str(root), "--cluster", "local"))
     assert f"cannot write run {run_id}'s directory under {root / 'g'}" in line and "give another --root" in line
     assert Store(sqlite_url).list_sweeps() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Reruns
+
+
+def test_a_same_seed_rerun_is_a_reproduction_kept_out_of_the_fit(sqlite_url, tmp_path):
+    """Bit-identical points counted twice would narrow the intervals for nothing: the rerun is
+    listed as a rerun of its run, the fit and its intervals are those of the original alone."""
+    from analysis.report.build import ReportOptions, build_report
+    from store import NewRun, RunState
+
+    store = Store(sqlite_url)
+    compute = np.linspace(10, 300, 30)
+    rng = np.random.default_rng(0)
+    curves = {seed: 0.6 / (1 + (100 / compute) ** 1.5) + rng.normal(0, 0.01, compute.size) for seed in (0, 1)}
+    runs = [("orig0", 0), ("orig1", 1), ("rerun0", 0)]
+    store.register_sweep("s", {}, str(tmp_path), "local", [
+        NewRun(rid, i, {"seed": seed, "optim": {"lr": 1}}, {"optim.lr": 1, "seed": seed}, {"steps": 30}, str(tmp_path / rid))
+        for i, (rid, seed) in enumerate(runs)
+    ])  # fmt: skip
+    for rid, seed in runs:
+        store.add_eval_points(rid, [
+            dict(step=i, pass_rate=float(r), flops=0.0, tokens=0, device_seconds=0.0, gpu_hours=float(c), num_samples=16)
+            for i, (c, r) in enumerate(zip(compute, curves[seed]))
+        ])  # fmt: skip
+        store.set_run_state(rid, RunState.COMPLETED)
+    report = build_report(store, "s", ReportOptions(n_boot=50))
+    (config,) = report.configs
+    assert report.reruns == {"rerun0": "orig0"}
+    assert [c.run for c in config.curves] == ["orig0", "orig1"] and config.seeds == [0, 1]
+    assert config.fit.n_points == 60
+
+    code, out = _sweep(sqlite_url, "show", "rerun0")
+    assert code == 0 and "seed 0; a same-seed rerun of orig0 (kept out of the fits)" in out
+    code, out = _sweep(sqlite_url, "report", "s", "--bootstrap", "0")
+    assert code == 0 and "Same-seed reruns, reproductions kept out of the fits: rerun0 (a rerun of orig0)." in out
+
+
+def test_a_rerun_of_an_imported_run_in_a_native_sweep_says_it_was_imported(sqlite_url, tmp_path):
+    store = Store(sqlite_url)
+    store.upsert_sweep("native", {}, str(tmp_path / "runs"), "local")
+    assert _sweep(sqlite_url, "import", str(_curve_csv(tmp_path / "c.csv", configs=("1",), seeds=(0,))), "--sweep", "native")[0] == 0
+    (run,) = store.runs("native")
+    line = _one_error(*_sweep(sqlite_url, "rerun", run.id))
+    assert f"run {run.id} of sweep native was imported from c.csv, not run" in line
+
+
+def test_logs_follow_ends_when_the_run_has_ended(sqlite_url, tmp_path):
+    from store import NewRun, RunState
+
+    store = Store(sqlite_url)
+    store.register_sweep("s", {}, str(tmp_path), "local", [NewRun("r1", 0, {}, {}, {"steps": 1}, str(tmp_path))])
+    log = tmp_path / "err.log"
+    log.write_text("step 1\n")
+    store.add_attempt("r1", "local", stderr_path=str(log), stdout_path=str(log))
+    store.set_run_state("r1", RunState.RUNNING)
+    timer = threading.Timer(1.0, lambda: (log.write_text("step 1\ndone\n"), store.set_run_state("r1", RunState.COMPLETED)))
+    timer.start()
+    code, out = _sweep(sqlite_url, "logs", "r1", "--follow")
+    timer.join()
+    assert code == 0 and out == "step 1\ndone\n"

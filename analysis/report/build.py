@@ -32,7 +32,7 @@ from analysis import (
     fit_curves,
 )
 from analysis.ranking import ConfigResult, Curve, comparisons, config_label, effects, rank, rank_at_predict
-from store import COMPUTE_AXES, EvalRecord, Store
+from store import COMPUTE_AXES, EvalRecord, Store, same_seed_reruns
 
 SCHEMA_VERSION = 2
 MAX_BOOTSTRAP = 100_000
@@ -109,7 +109,7 @@ def build_report(store: Store, sweep: str, options: ReportOptions = ReportOption
     """Read the sweep's curves from the store and analyse them."""
     compute, groups, axes_of = read_configurations(store, sweep, options.compute)
     require_data(store, sweep, compute, groups)
-    groups, reruns = split_reruns(groups)
+    groups, reruns = split_reruns(store, sweep, groups)
     configs = analyse(
         [(label, axes_of[label], tuple(curves)) for label, curves in groups.items() if any(c.compute for c in curves)],
         options,
@@ -137,23 +137,13 @@ def require_data(store: Store, sweep: str, compute: str, groups: dict[str, list[
     )
 
 
-def split_reruns(groups: dict[str, list[Curve]]) -> tuple[dict[str, list[Curve]], dict[str, str]]:
-    """Same-seed reruns out of the fits: a run with the configuration and the seed of an earlier
-    run (`sweep rerun RUN` without --seed) reproduces it, it is not an independent replicate, and
-    counting its points again would narrow the intervals for nothing (docs/decisions.md). Returns
-    the groups without them and {rerun id: the run it reproduces}."""
-    kept: dict[str, list[Curve]] = {}
-    reruns: dict[str, str] = {}
-    for label, curves in groups.items():
-        first: dict[int, str] = {}
-        for curve in curves:
-            if curve.seed is not None and curve.seed in first:
-                reruns[curve.run] = first[curve.seed]
-                continue
-            if curve.seed is not None:
-                first[curve.seed] = curve.run
-            kept.setdefault(label, []).append(curve)
-    return kept, reruns
+def split_reruns(store: Store, sweep: str, groups: dict[str, list[Curve]]) -> tuple[dict[str, list[Curve]], dict[str, str]]:
+    """Same-seed reruns out of the fits (store.same_seed_reruns): a rerun reproduces its run, it
+    is not an independent replicate, and counting its points again would narrow the intervals for
+    nothing (docs/decisions.md). Returns the groups without them and {rerun id: the run it reproduces}."""
+    reruns = same_seed_reruns(store.runs(sweep))
+    kept = {label: [c for c in curves if c.run not in reruns] for label, curves in groups.items()}
+    return {label: curves for label, curves in kept.items() if curves}, reruns
 
 
 def read_configurations(

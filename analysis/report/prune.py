@@ -198,7 +198,7 @@ def prune_data(store: Store, sweep: str, *, simulate: bool, compute: str | None 
     policy = (policy_of(record.spec) if record else None) or PrunePolicy()
     axis, groups, _ = read_configurations(store, sweep, compute)
     require_data(store, sweep, axis, groups)
-    groups, _ = split_reruns(groups)
+    groups, _ = split_reruns(store, sweep, groups)
     curves = {label: [(c.compute, c.pass_rate) for c in seeds if c.compute] for label, seeds in groups.items()}
     curves = {label: seeds for label, seeds in curves.items() if seeds}
     data: dict[str, Any] = {"sweep": sweep, "compute_axis": axis, "policy": dataclasses.asdict(policy)}
