@@ -1,4 +1,5 @@
-"""The store: every read and write of sweeps, runs, attempts, eval points and checkpoints.
+"""The Store: every read and write of sweeps, runs, attempts, eval points and checkpoints (the
+records it returns are in store/records.py, database URLs in store/urls.py).
 
 This is the only module that opens SQLAlchemy sessions; callers get frozen records back, never ORM
 objects. SQLite (one machine) runs in WAL mode with a busy timeout and takes the write lock at the
@@ -9,26 +10,34 @@ a cluster where many jobs write at once.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import os
-import re
 import typing
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, Text, bindparam, cast, create_engine, delete, event, func, insert, literal, select, update
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from store import migrate
-from store.errors import BadURLError, NotFoundError, StoreError
+from store.errors import NotFoundError, StoreError
 from store.models import Attempt, Checkpoint, EvalPoint, Run, Sweep, TrainMetric, utcnow
+from store.records import (
+    EVAL_FIELDS,
+    PRUNE_EXEMPT,
+    AttemptRecord,
+    CheckpointRecord,
+    EvalRecord,
+    NewRun,
+    RunRecord,
+    SweepRecord,
+    TrackedAttempt,
+)
+from store.urls import CONNECT_TIMEOUT_S, mask_url, resolve_url, scrub
 from store.states import (
     ACTIVE_STATES,
     OPEN_ATTEMPT_STATES,
@@ -38,231 +47,7 @@ from store.states import (
     RunState,
 )
 
-DEFAULT_DB_FILE = "sweeps.db"
-PRUNE_EXEMPT = "exempt"
-"""Key of a run's prune record (Run.prune) once resumed with --resume-pruned: never pruned again."""
 SQLITE_BUSY_TIMEOUT_MS = 60_000
-
-# ---------------------------------------------------------------------------------------------
-# Records returned to callers
-
-
-@dataclass(frozen=True)
-class SweepRecord:
-    id: int
-    name: str
-    spec: dict[str, Any]
-    root_dir: str
-    executor: str
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    id: str
-    sweep: str
-    position: int
-    config_data: dict[str, Any] | str = field(repr=False)
-    """The resolved config, or its JSON text as read from the database: `config` decodes it on
-    first use (`sweep status` lists 10,000 runs and reads no config; decoding them all was a
-    third of its time)."""
-    axes: dict[str, Any]
-    budget: dict[str, Any]
-    run_dir: str
-    state: RunState
-    state_reason: str | None
-    step: int
-    updated_at: datetime
-    prune: dict[str, Any] | None = None
-    """The live prune policy's word on the run (store.models.Run.prune)."""
-
-    @functools.cached_property
-    def config(self) -> dict[str, Any]:
-        """The resolved RecipeConfig, as a dict."""
-        data = self.config_data
-        return json.loads(data) if isinstance(data, str) else data
-
-
-def same_seed_reruns(runs: Sequence[RunRecord]) -> dict[str, str]:
-    """{rerun id: the earlier run it reproduces} among `runs` (a sweep's, in position order): a
-    launched run whose resolved config, seed included, equals an earlier one's (`sweep rerun`
-    without --seed); an imported run whose labels, a seed among them, equal an earlier one's.
-    A reproduction is not an independent replicate: the report keeps it out of the fits."""
-    first: dict[str, str] = {}
-    reruns: dict[str, str] = {}
-    for run in sorted(runs, key=lambda r: r.position):
-        if run.config.get("source") == "import":
-            if run.axes.get("seed") is None:
-                continue
-            key = "import " + json.dumps(run.axes, sort_keys=True, default=str)
-        else:
-            key = json.dumps(run.config, sort_keys=True, default=str)
-        if key in first:
-            reruns[run.id] = first[key]
-        else:
-            first[key] = run.id
-    return reruns
-
-
-@dataclass(frozen=True)
-class NewRun:
-    id: str
-    position: int
-    config: dict[str, Any]
-    axes: dict[str, Any]
-    budget: dict[str, Any]
-    run_dir: str
-
-
-@dataclass(frozen=True)
-class AttemptRecord:
-    id: int
-    run_id: str
-    number: int
-    executor: str
-    job_id: str | None
-    array_job_id: str | None
-    array_index: int | None
-    node: str | None
-    pid: int | None
-    state: AttemptState
-    exit_reason: str | None
-    resumed_from_step: int | None
-    stdout_path: str | None
-    stderr_path: str | None
-    submitted_at: datetime
-    started_at: datetime | None
-    ended_at: datetime | None
-    provenance: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class TrackedAttempt:
-    """What an executor's reconcile step needs of a run's newest attempt (Store.tracked_attempts)."""
-
-    id: int
-    run_id: str
-    job_id: str
-    stderr_path: str | None
-    run_state: RunState
-
-
-@dataclass(frozen=True)
-class EvalRecord:
-    run_id: str
-    step: int
-    pass_rate: float
-    flops: float
-    tokens: int
-    device_seconds: float
-    gpu_hours: float
-    num_samples: int
-    metrics: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class CheckpointRecord:
-    run_id: str
-    step: int
-    path: str
-    created_at: datetime
-
-
-EVAL_FIELDS = ("step", "pass_rate", "flops", "tokens", "device_seconds", "gpu_hours", "num_samples", "metrics")
-
-
-# ---------------------------------------------------------------------------------------------
-# URLs
-
-
-URL_FORMS = "sqlite:///PATH or postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
-DRIVERS = ("sqlite", "sqlite+pysqlite", "postgresql", "postgresql+psycopg")
-CONNECT_TIMEOUT_S = 10  # libpq waits forever on a port that accepts and never answers
-_SECRET_PARAM = re.compile(r"(?i)([?&;][^=&;?]*(?:pass|secret|token|key)[^=&;?]*=)([^&;]*)")
-
-
-def resolve_url(url: str | None = None) -> str:
-    """`url`, else $SWEEP_DB, else a SQLite file in the working directory; relative SQLite paths
-    become absolute so that jobs started elsewhere write to the same file. A URL this store cannot
-    use raises StoreError naming it (masked) and what is allowed."""
-    url = url or os.environ.get("SWEEP_DB") or f"sqlite:///{DEFAULT_DB_FILE}"
-    parsed = _parse_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        db = parsed.database
-        if db and db != ":memory:" and not db.startswith("file:"):
-            parsed = parsed.set(database=str(Path(db).expanduser().resolve()))
-    elif parsed.drivername == "postgresql":
-        parsed = parsed.set(drivername="postgresql+psycopg")  # psycopg 3, our dependency
-    return parsed.render_as_string(hide_password=False)
-
-
-def _parse_url(url: str) -> URL:
-    shown = mask_url(url)
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        raise BadURLError(f"bad database URL {shown!r}: not a URL; expected {URL_FORMS}") from None
-    except ValueError:  # the text would echo the URL's pieces: keep it out
-        raise BadURLError(f"bad database URL {shown!r}: its port is not a number; expected {URL_FORMS}") from None
-    if parsed.host and "@" in parsed.host:
-        raise BadURLError(f"bad database URL {shown!r}: its password holds an '@'; write it as %40")
-    if parsed.drivername not in DRIVERS:
-        raise BadURLError(
-            f"unsupported database URL scheme {parsed.drivername!r} in {shown!r}; allowed: {', '.join(DRIVERS)}"
-        )
-    if parsed.port is not None and not 0 < parsed.port < 65536:
-        raise BadURLError(f"bad port {parsed.port} in database URL {shown!r}; allowed: 1 to 65535")
-    if parsed.get_backend_name() == "sqlite" and parsed.query and "uri" not in parsed.query:
-        # pysqlite would ignore them with a warning; a password there is a mistake worth saying
-        raise BadURLError(
-            f"database URL {shown!r}: SQLite takes no query parameters ({', '.join(sorted(parsed.query))})"
-            "; allowed: none, or a file: URI with uri=true"
-        )
-    if parsed.get_backend_name() == "sqlite" and not parsed.database:
-        raise BadURLError(f"database URL {shown!r} names no file; expected {URL_FORMS}")
-    return parsed
-
-
-def mask_url(url: str) -> str:
-    """The URL fit to print: password and secret-looking query parameters replaced by ***. What
-    does not parse cleanly (an unencoded '@' in a password) is masked up to its last '@'."""
-    try:
-        parsed = make_url(url)
-    except Exception:  # noqa: BLE001 - not a URL: mask by hand, below
-        return _mask_raw(url)
-    if parsed.host and "@" in parsed.host:
-        return _mask_raw(url)
-    return _SECRET_PARAM.sub(r"\1***", parsed.render_as_string(hide_password=True))
-
-
-def _mask_raw(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return "<unparseable database URL>" if "@" in url or ":" in url else _SECRET_PARAM.sub(r"\1***", url)
-    userinfo, at, host = rest.rpartition("@")
-    if at:
-        user, colon, _ = userinfo.partition(":")
-        rest = f"{user}{':***' if colon else ''}@{host}"
-    return _SECRET_PARAM.sub(r"\1***", f"{scheme}://{rest}")
-
-
-def url_secrets(url: str) -> list[str]:
-    """The strings of `url` that must never be printed: its password and secret query values."""
-    try:
-        parsed = make_url(url)
-    except Exception:  # noqa: BLE001
-        return []
-    found = [parsed.password or ""]
-    found += [m.group(2) for m in _SECRET_PARAM.finditer(url)]
-    return sorted({str(v) for v in found if v}, key=len, reverse=True)
-
-
-def scrub(text: str, url: str) -> str:
-    """`text` with every secret of `url` replaced by ***."""
-    for secret in url_secrets(url):
-        text = text.replace(secret, "***")
-    return text
-
 
 # ---------------------------------------------------------------------------------------------
 # The store
