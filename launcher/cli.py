@@ -268,10 +268,15 @@ def status_cmd(ctx: click.Context, sweep: str | None, as_json: bool, watch: bool
 
 def _live_prune(store: Store, sweep: str) -> list[str]:
     """The live prune step (analysis.report.prune), stopping runs with launcher.cancel.prune."""
+    from analysis.report.build import ReportError
     from analysis.report.prune import apply_live_policy
     from launcher.cancel import prune
 
-    return apply_live_policy(store, sweep, prune)
+    try:
+        return apply_live_policy(store, sweep, prune)
+    except ReportError as exc:
+        _fail(f"sweep {sweep}: {exc}")
+        raise  # unreachable: _fail exits
 
 
 def _print_pruned(out: Any, rows: Sequence[Any]) -> None:

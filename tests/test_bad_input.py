@@ -319,3 +319,12 @@ def test_logs_follow_ends_when_the_run_has_ended(sqlite_url, tmp_path):
     code, out = _sweep(sqlite_url, "logs", "r1", "--follow")
     timer.join()
     assert code == 0 and out == "step 1\ndone\n"
+
+
+def test_a_stored_prune_policy_beyond_the_bounds_is_one_line_not_a_memory_error(sqlite_url, tmp_path):
+    """A sweep registered before `prune.every` was bounded: status and prune name the block."""
+    store = Store(sqlite_url)
+    store.upsert_sweep("old", {"grid": {"prune": {"every": 1e-12}}}, str(tmp_path), "local")
+    for verb in (["status", "old"], ["prune", "old", "--simulate"]):
+        line = _one_error(*_sweep(sqlite_url, *verb))
+        assert "prune: block {'every': 1e-12} is not a valid policy (prune.every must lie in [0.001, 1]" in line

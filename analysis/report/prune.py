@@ -63,7 +63,17 @@ class LiveJudgment:
 def policy_of(spec: Mapping[str, Any]) -> PrunePolicy | None:
     """The sweep's policy (its `prune:` block, stored with the sweep); None without one."""
     block = (spec.get("grid") or {}).get("prune")
-    return None if block is None else PrunePolicy(**(block or {}))
+    if block is None:
+        return None
+    try:
+        return PrunePolicy(**(block or {}))
+    except (TypeError, ValueError) as exc:  # a sweep registered before a bound was checked at launch
+        from analysis.report.build import ReportError
+
+        raise ReportError(
+            f"the sweep's stored prune: block {block} is not a valid policy ({exc}); "
+            "relaunch the sweep file with a valid prune: block"
+        ) from None
 
 
 def run_progress(run: RunRecord, last: EvalRecord | None) -> float:
