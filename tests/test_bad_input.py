@@ -328,3 +328,21 @@ def test_a_stored_prune_policy_beyond_the_bounds_is_one_line_not_a_memory_error(
     for verb in (["status", "old"], ["prune", "old", "--simulate"]):
         line = _one_error(*_sweep(sqlite_url, *verb))
         assert "prune: block {'every': 1e-12} is not a valid policy (prune.every must lie in [0.001, 1]" in line
+
+
+def test_the_prediction_summary_says_when_every_configuration_reached_the_target_unpredicted():
+    """All configurations reached --predict, none with a prediction to check (all withheld):
+    not "no configuration has reached it yet"."""
+    from types import SimpleNamespace
+
+    from analysis.report.build import ReportOptions
+    from analysis.report.render import prediction_summary
+
+    withheld = SimpleNamespace(error=None, observed=0.5, withheld="unstable")
+    report = SimpleNamespace(
+        configs=[SimpleNamespace(extrapolation=withheld)] * 3, compute="gpu_hours",
+        options=ReportOptions(fit_until=0.5, predict_at=1.0, relative=True, n_boot=0),
+    )  # fmt: skip
+    text = prediction_summary(report)
+    assert "3 of 3 configurations reached it, none with a prediction to check" in text and "yet" not in text
+    assert "3 withheld" in text
