@@ -13,7 +13,6 @@ import importlib.util
 import json
 import os
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
