@@ -267,7 +267,11 @@ def status_cmd(ctx: click.Context, sweep: str | None, as_json: bool, watch: bool
 
 
 def _live_prune(store: Store, sweep: str) -> list[str]:
-    """The live prune step (analysis.report.prune), stopping runs with launcher.cancel.prune."""
+    """The live prune step (analysis.report.prune), stopping runs with launcher.cancel.prune. A
+    sweep without a `prune:` block costs one read, and nothing of analysis/ is imported."""
+    record = store.get_sweep(sweep)
+    if record is None or (record.spec.get("grid") or {}).get("prune") is None:
+        return []
     from analysis.report.build import ReportError
     from analysis.report.prune import apply_live_policy
     from launcher.cancel import prune
