@@ -54,7 +54,7 @@ class RunRecord:
 
 def same_seed_reruns(runs: Sequence[RunRecord]) -> dict[str, str]:
     """{rerun id: the earlier run it reproduces} among `runs` (a sweep's, in position order): a
-    launched run whose resolved config, seed included, equals an earlier one's (`sweep rerun`
+    launched run whose resolved config (seed included) and axes equal an earlier one's (`sweep rerun`
     without --seed); an imported run whose labels, a seed among them, equal an earlier one's.
     A reproduction is not an independent replicate: the report keeps it out of the fits."""
     first: dict[str, str] = {}
@@ -64,8 +64,8 @@ def same_seed_reruns(runs: Sequence[RunRecord]) -> dict[str, str]:
             if run.axes.get("seed") is None:
                 continue
             key = "import " + json.dumps(run.axes, sort_keys=True, default=str)
-        else:
-            key = json.dumps(run.config, sort_keys=True, default=str)
+        else:  # the axes too: a run's config holds its axis values, a hand-made one may not
+            key = json.dumps([run.config, run.axes], sort_keys=True, default=str)
         if key in first:
             reruns[run.id] = first[key]
         else:
