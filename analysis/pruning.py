@@ -31,6 +31,10 @@ from analysis.intervals import bootstrap
 from analysis.options import DEFAULT_OPTIONS, FitOptions
 
 
+MAX_JUDGMENTS = 1000
+"""Judgment points at most (prune.every >= 1/MAX_JUDGMENTS): each is a fit of every configuration."""
+
+
 @dataclass(frozen=True)
 class PrunePolicy:
     first_at: float = 0.3
@@ -43,14 +47,14 @@ class PrunePolicy:
     n_boot: int = 100
 
     def __post_init__(self) -> None:
-        for name in ("first_at", "every"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and 0 < value <= 1):
-                raise ValueError(f"prune.{name} must lie in (0, 1], got {value!r}")
+        if not (math.isfinite(self.first_at) and 0 < self.first_at <= 1):
+            raise ValueError(f"prune.first_at must lie in (0, 1], got {self.first_at!r}")
+        if not (math.isfinite(self.every) and 1 / MAX_JUDGMENTS <= self.every <= 1):
+            raise ValueError(f"prune.every must lie in [{1 / MAX_JUDGMENTS:g}, 1] (at most {MAX_JUDGMENTS} judgment points), got {self.every!r}")
         if not (math.isfinite(self.margin) and self.margin >= 0):
             raise ValueError(f"prune.margin must be a finite number >= 0, got {self.margin!r}")
-        if not 0.5 <= self.level < 1:
-            raise ValueError(f"prune.level must lie in [0.5, 1), got {self.level!r}")
+        if not 0.5 <= self.level <= 0.999:
+            raise ValueError(f"prune.level must lie in [0.5, 0.999], got {self.level!r}")
         if self.n_boot < 10:
             raise ValueError(f"prune.n_boot must be >= 10, got {self.n_boot!r}")
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import sys
-import time
 from collections.abc import Callable, Sequence
 from functools import wraps
 from pathlib import Path
@@ -21,7 +19,7 @@ from launcher.preflight import check_plans, check_root
 from launcher.importer import IMPORT_FORMATS, import_curves
 from launcher.launch import EXECUTORS, LaunchError, default_executor, default_root, launch
 from launcher.slurm import SlurmError
-from launcher.status import all_ended, collect, pruned_lines, summary
+from launcher.status import collect, pruned_lines, summary, watch
 from store import (
     COMPUTE_AXES,
     MEASURED_COMPUTE_AXES,
@@ -211,7 +209,7 @@ def launch_cmd(
         + f"; run directories in {escape(result.sweep_dir)}"
     )
     if wait:
-        _watch(store, spec.name, until_done=True)
+        _watch(store, spec.name)
 
 
 def _resumed_line(resumed: Sequence[tuple[str, int | None]]) -> str:
@@ -251,7 +249,7 @@ def status_cmd(ctx: click.Context, sweep: str | None, as_json: bool, watch: bool
     store = _store(ctx)
     name = _sweep_name(store, sweep)
     if watch:
-        _watch(store, name, until_done=True, compute=compute)
+        _watch(store, name, compute=compute)
         return
     rows = collect(store, name, prune=_live_prune)
     if as_json:
@@ -269,21 +267,20 @@ def status_cmd(ctx: click.Context, sweep: str | None, as_json: bool, watch: bool
 
 
 def _live_prune(store: Store, sweep: str) -> list[str]:
-    """Apply the sweep's live prune policy (status.Pruner): judge what is due, stop the runs of
-    the dominated configurations after a checkpoint, record the word on every run judged; the
-    ids pruned. A sweep without a `prune:` block costs one read, and nothing is imported."""
+    """The live prune step (analysis.report.prune), stopping runs with launcher.cancel.prune. A
+    sweep without a `prune:` block costs one read, and nothing of analysis/ is imported."""
     record = store.get_sweep(sweep)
     if record is None or (record.spec.get("grid") or {}).get("prune") is None:
         return []
-    from analysis.report.prune import live_judgment, policy_of
+    from analysis.report.build import ReportError
+    from analysis.report.prune import apply_live_policy
     from launcher.cancel import prune
 
-    policy = policy_of(record.spec)
-    if policy is None:
-        return []
-    judgment = live_judgment(store, sweep, policy)
-    store.set_prune_records(judgment.judged)
-    return [run_id for p in judgment.prunes for run_id in prune(store, sweep, p.run_ids, p.reason, p.record)]
+    try:
+        return apply_live_policy(store, sweep, prune)
+    except ReportError as exc:
+        _fail(f"sweep {sweep}: {exc}")
+        raise  # unreachable: _fail exits
 
 
 def _print_pruned(out: Any, rows: Sequence[Any]) -> None:
@@ -324,7 +321,8 @@ def _at_least_one(value: int | None) -> int | None:
 def _nonblank(_ctx: click.Context, param: click.Parameter, value: str) -> str:
     """Run ids and sweep names are matched as given: an empty one would match everything."""
     if not value.strip():
-        raise click.BadParameter(f"{value!r} is empty; give a sweep name or a run id (prefix)", param_hint=param.name)
+        what = "a run id (or a unique prefix of one)" if param.name == "run" else "a sweep name or a run id (prefix)"
+        raise click.BadParameter(f"{value!r} is empty; give {what}", param_hint=param.name)
     return value
 
 
@@ -356,41 +354,20 @@ def prune_cmd(ctx: click.Context, sweep: str | None, simulate: bool, dry_run: bo
     current-value pruner (what ASHA-style tools judge) beside it. The policy is applied live by
     `sweep status` (and `--watch`, `sweep launch --wait`, the local scheduler): pruned runs stop
     after a checkpoint; `sweep launch --resume-pruned` resumes them."""
-    from analysis.pruning import PrunePolicy, judge
-    from analysis.pruning import simulate as replay
-    from analysis.pruning import simulate_current
-    from analysis.report.build import read_configurations
+    from analysis.report.build import ReportError
+    from analysis.report.prune import prune_data
 
     if simulate == dry_run:
         raise click.UsageError("give one of --simulate and --dry-run")
     store = _store(ctx)
-    name = _sweep_name(store, sweep)
-    record = store.get_sweep(name)
-    policy = PrunePolicy(**((record.spec.get("grid") or {}).get("prune") or {}) if record else {})
-    axis, groups, _ = read_configurations(store, name, compute)
-    curves = {label: [(c.compute, c.pass_rate) for c in seeds if c.compute] for label, seeds in groups.items()}
-    curves = {label: seeds for label, seeds in curves.items() if seeds}
-    if dry_run:
-        verdicts = judge(curves, policy)
-        data: dict[str, Any] = {"sweep": name, "compute_axis": axis, "policy": dataclasses.asdict(policy),
-                                "configurations": [dataclasses.asdict(v) for v in verdicts.values()]}  # fmt: skip
-    else:
-        data = {"sweep": name, "compute_axis": axis, "policy": dataclasses.asdict(policy), "simulations": [
-            _simulation_json(replay(curves, policy)), _simulation_json(simulate_current(curves, policy))]}  # fmt: skip
+    try:
+        data = prune_data(store, _sweep_name(store, sweep), simulate=simulate, compute=compute)
+    except ReportError as exc:
+        _fail(str(exc))
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
     click.echo(render.prune_text(data))
-
-
-def _simulation_json(sim: Any) -> dict[str, Any]:
-    return {
-        "pruner": sim.pruner,
-        "saved_fraction": sim.saved_fraction,
-        "best": sim.best,
-        "best_survived": sim.best_survived,
-        "runs": [dataclasses.asdict(v) for v in sim.verdicts],
-    }
 
 
 @cli.command("show")
@@ -444,19 +421,16 @@ def rerun_cmd(ctx: click.Context, run: str, seed: int | None) -> None:
 @_errors
 def logs_cmd(ctx: click.Context, run: str, which: str, follow: bool, task: int) -> None:
     """The latest attempt's log of RUN (a run id or unique prefix)."""
-    store = _store(ctx)
-    record = store.get_run(run)
-    attempts = store.attempts(record.id)
-    if not attempts:
-        raise NotFoundError(f"run {record.id} has not been submitted yet")
-    from launcher.runs import task_log_path
+    from launcher.runs import log_path, read_log
 
-    path = task_log_path(getattr(attempts[-1], f"{which}_path"), task)
-    if not path or not Path(path).exists():
-        raise NotFoundError(
-            f"run {record.id}, attempt {attempts[-1].number}: no {which} log yet (expected at {path or 'unknown'})"
-        )
-    _print_file(Path(path), follow=follow)
+    store = _store(ctx)
+    record, path = log_path(store, run, which, task)
+    try:
+        for chunk in read_log(store, record.id, path, follow=follow):
+            sys.stdout.write(render.printable(chunk))
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        pass
 
 
 @cli.command("report")
@@ -494,10 +468,10 @@ def logs_cmd(ctx: click.Context, run: str, which: str, follow: bool, task: int) 
 @click.option(
     "--bootstrap",
     "n_boot",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, 100_000),
     default=200,
     show_default=True,
-    help="Bootstrap samples for intervals (0: none).",
+    help="Bootstrap samples for intervals (0: none; at most 100,000).",
 )
 @click.option("--level", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True, help="Interval level.")
 @click.option("--include-flagged", is_flag=True, help="Rank flagged fits too.")
@@ -537,8 +511,8 @@ def report_cmd(
     DIR gets one PNG per configuration and per axis, and the report file in the chosen format
     (table: the table is printed, plots only).
     """
+    from analysis.report.build import ReportError, ReportOptions, build_report
     from analysis.report.plots import PlotError
-    from analysis.report.build import ReportOptions, build_report
     from analysis.report.render import render_table, render_text, write_report
 
     if fit_until is not None and predict_at is not None and fit_until[1] != predict_at[1]:
@@ -552,7 +526,10 @@ def report_cmd(
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     store = _store(ctx)
-    report = build_report(store, _sweep_name(store, sweep), options)
+    try:
+        report = build_report(store, _sweep_name(store, sweep), options)
+    except ReportError as exc:
+        _fail(str(exc))
     try:
         if out is None:
             if fmt == "table":
@@ -628,41 +605,25 @@ def _summary_line(rows: Sequence[Any]) -> str:
     return ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no runs"
 
 
-def _watch(store: Store, sweep: str, *, until_done: bool, compute: str | None = None, interval_s: float = 2.0) -> None:
-    """Live table until every run has ended; Ctrl-C stops watching, not the runs."""
+def _watch(store: Store, sweep: str, *, compute: str | None = None) -> None:
+    """Live table until every run has ended (launcher.status.watch); Ctrl-C stops watching, not the runs."""
     from rich.live import Live
 
     out = render.console()
+    rows: list[Any] = []
     try:
         with Live(console=out, auto_refresh=False) as live:
-            while True:
-                rows = collect(store, sweep, prune=_live_prune)
+            for rows in watch(store, sweep, prune=_live_prune):
                 done = sum(r.run.state in TERMINAL_STATES for r in rows)
                 table = render.status_table(sweep, rows, compute=compute or _compute_axis(rows))
                 table.caption = f"{done}/{len(rows)} runs ended · {_summary_line(rows)}"
                 live.update(table, refresh=True)
-                if until_done and all_ended(rows):
-                    break
-                time.sleep(interval_s)
     except KeyboardInterrupt:
         out.print("\nstopped watching; the runs go on")
         return
     out.line()  # Live leaves its last line open when the output is not a terminal
     _print_pruned(out, rows)
     render.print_failures(out, rows)
-
-
-def _print_file(path: Path, *, follow: bool) -> None:
-    with open(path, errors="replace") as handle:
-        sys.stdout.write(handle.read())
-        sys.stdout.flush()
-        while follow:
-            chunk = handle.read()
-            if chunk:
-                sys.stdout.write(chunk)
-                sys.stdout.flush()
-            else:
-                time.sleep(0.5)
 
 
 def main() -> None:

@@ -33,13 +33,14 @@ NOT_AXES = {"seed": "seeds are the top-level `seeds:` list", "budget": "a sweep'
 TOP_LEVEL_KEYS = (
     "name", "description", "recipe", "grid", "zip", "ablate", "exclude", "seeds", "budget", "resources", "prune",
 )  # fmt: skip
-# The `prune:` block (scaling-aware pruning, analysis/pruning.py): key -> (type, lowest, highest).
-PRUNE_KEYS: dict[str, tuple[type, float, float]] = {
-    "first_at": (float, 0.0, 1.0),  # fractions of the sweep's compute range, in (0, 1]
-    "every": (float, 0.0, 1.0),
-    "margin": (float, 0.0, 1.0),
-    "level": (float, 0.5, 0.999),
-    "n_boot": (int, 10, 10_000),
+# The `prune:` block (scaling-aware pruning, analysis/pruning.py): key -> (type, lowest, highest,
+# whether the lowest is allowed). `every` >= 0.001: at most 1,000 judgment points (MAX_JUDGMENTS).
+PRUNE_KEYS: dict[str, tuple[type, float, float, bool]] = {
+    "first_at": (float, 0.0, 1.0, False),  # fractions of the sweep's compute range, in (0, 1]
+    "every": (float, 0.001, 1.0, True),
+    "margin": (float, 0.0, 1.0, False),
+    "level": (float, 0.5, 0.999, True),
+    "n_boot": (int, 10, 10_000, True),
 }
 BUDGET_KEYS = ("steps", "gpu_hours", "flops")
 # Cluster resources: a grid's `resources:` may set these, or name a profile file that does.
@@ -355,13 +356,14 @@ def _check_resources(path: Path, section: str, resources: dict[str, Any]) -> Non
 def _prune(path: Path, prune: dict[str, Any]) -> None:
     _known_keys(path, "prune", prune, tuple(PRUNE_KEYS))
     for key, value in prune.items():
-        tp, lo, hi = PRUNE_KEYS[key]
+        tp, lo, hi, lo_allowed = PRUNE_KEYS[key]
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        ok = number and (tp is float or isinstance(value, int)) and math.isfinite(value) and lo < value <= hi
-        if key in ("level", "n_boot"):
-            ok = ok or (number and value == lo)
+        ok = number and (tp is float or isinstance(value, int)) and math.isfinite(value)
+        ok = ok and (lo <= value if lo_allowed else lo < value) and value <= hi
         if not ok:
-            raise GridError(path, f"prune.{key}", f"invalid value {value!r}; expected a {tp.__name__} in ({lo}, {hi}]")
+            kind = "an integer" if tp is int else "a number"
+            allowed = f"{'[' if lo_allowed else '('}{lo:g}, {hi:g}]"
+            raise GridError(path, f"prune.{key}", f"invalid value {value!r}; expected {kind} in {allowed}")
 
 
 def load_profile(grid_path: Path, profile: str) -> dict[str, Any]:

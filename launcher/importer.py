@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import math
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -62,6 +64,9 @@ class ImportFileError(ValueError):
         self.errors = list(errors)
         shown = self.errors[:MAX_ERRORS_SHOWN]
         more = len(self.errors) - len(shown)
+        if len(self.errors) == 1:
+            super().__init__(f"{self.errors[0]} (nothing was written)")
+            return
         lines = [f"cannot import {path}; nothing was written:", *shown]
         if more:
             lines.append(f"... and {more} more")
@@ -150,7 +155,7 @@ def read_rows(path: Path, fmt: str) -> list[Row]:
     rows: list[Row] = []
     errors: list[str] = []
     reader = _csv_rows if fmt == "csv" else _jsonl_rows
-    for line, fields, error in reader(path):
+    for line, fields, error in reader(path, _text(path)):
         if error:
             errors.append(f"{path}:{line}: {error}")
         else:
@@ -162,9 +167,22 @@ def read_rows(path: Path, fmt: str) -> list[Row]:
     return rows
 
 
-def _csv_rows(path: Path) -> Iterator[tuple[int, dict[str, Any], str | None]]:
+def _text(path: Path) -> str:
+    """The file's text (UTF-8, with or without a byte-order mark); other bytes are an error that
+    names the file and the line."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ImportFileError(
+            path, [f"{path}:{line}: byte {data[exc.start]:#04x} is not UTF-8; save the file as UTF-8"]
+        ) from None
+
+
+def _csv_rows(path: Path, text: str) -> Iterator[tuple[int, dict[str, Any], str | None]]:
     """(line, fields, error) per data row; the line is where the row ends (csv's line_num)."""
-    with open(path, newline="", encoding="utf-8-sig") as handle:
+    with io.StringIO(text, newline="") as handle:
         reader = csv.reader(handle)
         header = [name.strip() for name in next(reader, [])]
         problem = _header_problem(header)
@@ -192,20 +210,26 @@ def _header_problem(header: list[str]) -> str | None:
     return None
 
 
-def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any], str | None]]:
-    with open(path, encoding="utf-8-sig") as handle:
-        for line, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            try:
-                value = json.loads(text.rstrip())
-            except json.JSONDecodeError as exc:
-                yield line, {}, f"not valid JSON ({exc.msg}, column {exc.colno})"
-                continue
-            if not isinstance(value, dict):
-                yield line, {}, f"expected a JSON object, got {type(value).__name__}"
-                continue
-            yield line, {k: v for k, v in value.items() if not _blank(v)}, None
+def _jsonl_rows(path: Path, text: str) -> Iterator[tuple[int, dict[str, Any], str | None]]:
+    for line, row in enumerate(text.splitlines(), start=1):
+        if not row.strip():
+            continue
+        try:
+            value = json.loads(row.rstrip())
+        except json.JSONDecodeError as exc:
+            yield line, {}, f"not valid JSON ({exc.msg}, column {exc.colno})"
+            continue
+        except ValueError as exc:  # an integer literal of more than 4,300 digits
+            yield line, {}, f"not importable JSON: {str(exc).split(';')[0]}"
+            continue
+        if not isinstance(value, dict):
+            yield line, {}, f"expected a JSON object, got {type(value).__name__}"
+            continue
+        blank = [k for k in value if not k.strip()]
+        if blank:
+            yield line, {}, f"a key is {blank[0]!r}: every label needs a name"
+            continue
+        yield line, {k: v for k, v in value.items() if not _blank(v)}, None
 
 
 def _blank(value: Any) -> bool:
@@ -295,10 +319,19 @@ def _number(value: Any, name: str) -> float:
     try:
         number = float(value)
     except ValueError:
-        raise ValueError(f"{name} {value!r} is not a number") from None
+        raise ValueError(f"{name} {_short(value)} is not a number") from None
+    except OverflowError:  # an integer beyond a float's range (JSON's 10**400)
+        raise ValueError(f"{name} {_short(value)} is too large (at most {sys.float_info.max:.3g})") from None
     if not math.isfinite(number):
-        raise ValueError(f"{name} {value!r} is not a finite number")
+        digits = isinstance(value, str) and value.strip().lstrip("+-").isdigit()
+        raise ValueError(f"{name} {_short(value)} is {'too large' if digits else 'not a finite number'}")
     return number
+
+
+def _short(value: Any) -> str:
+    """A value for an error line: a huge number as its first digits and its length."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else f"{str(value)[:12]}... ({len(str(value))} digits)"
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
 
 
 MAX_STEP = 2**31 - 1
@@ -324,7 +357,7 @@ def _label(key: str, value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"label {key!r} is {value!r}, not a finite number")
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
-        raise ValueError(f"label {key!r} is {value!r}: integers up to 2^53 only")
+        raise ValueError(f"label {key!r} is {_short(value)}: integers up to 2^53 only")
     if isinstance(value, str):
         if value.strip().lower() in ("nan", "inf", "-inf", "+inf", "infinity", "-infinity"):
             raise ValueError(f"label {key!r} is {value!r}, not a finite number")
@@ -332,9 +365,13 @@ def _label(key: str, value: Any) -> Any:
             try:
                 number = kind(value)
             except ValueError:
+                if kind is int and value.strip().lstrip("+-").isdigit():  # more digits than int() reads
+                    raise ValueError(f"label {key!r} is {_short(value)}: integers up to 2^53 only") from None
                 continue
             if kind is int and abs(number) > 2**53:
-                raise ValueError(f"label {key!r} is {value!r}: integers up to 2^53 only")
+                raise ValueError(f"label {key!r} is {_short(value)}: integers up to 2^53 only")
+            if not math.isfinite(number):  # 1e999 reads as inf: never stored (JSON has no inf)
+                raise ValueError(f"label {key!r} is {_short(value)}, beyond a float's range")
             return number
     return value
 

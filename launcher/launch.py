@@ -72,25 +72,30 @@ def launch(
         Path(existing_sweep.root_dir) if existing_sweep and root is None else (root or default_root()) / spec.name
     )
     check_root(sweep_dir)  # before the sweep is registered with it for good
-    store.upsert_sweep(
-        spec.name, {"file": spec.path, "grid": spec.raw, "resources": spec.resources}, str(sweep_dir), executor
-    )
 
-    known = {r.id: r for r in store.runs(spec.name)}
+    known = {r.id: r for r in store.runs(spec.name)} if existing_sweep else {}
     fresh = [p for p in plans if p.id not in known]
-    extended = _update_budgets(store, spec.name, plans, known)
     sweep_file = str(Path(spec.path).resolve())
     sweep_sha = file_sha256(spec.path)
     resolved = [plan.config.to_dict() for plan in fresh]
     for plan, config in zip(fresh, resolved, strict=True):  # files first: a job must never start without them
-        write_run_files(
-            sweep_dir / plan.id, run_id=plan.id, sweep=spec.name, db_url=store.url, config=config,
-            sweep_file=sweep_file, sweep_file_sha256=sweep_sha,
-        )  # fmt: skip
-    new = store.register_runs(
-        spec.name,
+        try:
+            write_run_files(
+                sweep_dir / plan.id, run_id=plan.id, sweep=spec.name, db_url=store.url, config=config,
+                sweep_file=sweep_file, sweep_file_sha256=sweep_sha,
+            )  # fmt: skip
+        except OSError as exc:  # a file where the run directory goes, a root like /proc: nothing registered
+            where = f": {exc.filename}" if exc.filename else ""
+            raise LaunchError(
+                f"cannot write run {plan.id}'s directory under {sweep_dir} ({exc.strerror or exc}{where}); "
+                "give another --root"
+            ) from None
+    # the sweep and its new runs in one transaction: a failure leaves no sweep without its runs
+    new = store.register_sweep(
+        spec.name, {"file": spec.path, "grid": spec.raw, "resources": spec.resources}, str(sweep_dir), executor,
         [NewRun(p.id, p.position, c, p.axes, p.budget, str(sweep_dir / p.id)) for p, c in zip(fresh, resolved, strict=True)],
-    )
+    )  # fmt: skip
+    extended = _update_budgets(store, spec.name, plans, known)
 
     from_states = [RunState.REGISTERED, *(RETRYABLE_STATES if retry_failed else ())]
     wanted = [p.id for p in plans if p.id not in known or known[p.id].state in from_states]

@@ -9,14 +9,16 @@ run on each distinct value once, before anything is registered.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from launcher.grid import GridError, RunPlan, SweepSpec
-from recipe.config import ConfigError, RecipeConfig, check_layout
+from recipe.config import BUILTIN_MODEL_TASKS, SORT6_MAX_NEW_TOKENS, ConfigError, RecipeConfig, check_layout
 
 BUILTIN_PREFIX = "builtin:"
 ENGINE_MODULES = {("engine.generator", "vllm"): "vllm", ("engine.trainer", "deepspeed"): "deepspeed"}
@@ -34,6 +36,10 @@ def check_plans(spec: SweepSpec, plans: Sequence[RunPlan]) -> None:
 
 def check_model_path(sweep_path: str, key: str, value: str, config: RecipeConfig) -> None:
     if value.startswith(BUILTIN_PREFIX):
+        if value not in BUILTIN_MODEL_TASKS:
+            close = difflib.get_close_matches(value, BUILTIN_MODEL_TASKS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise GridError(sweep_path, key, f"unknown built-in model {value!r}; {hint}allowed: {', '.join(BUILTIN_MODEL_TASKS)}")
         return
     path = Path(value).expanduser()
     if not path.is_dir():
@@ -41,6 +47,29 @@ def check_model_path(sweep_path: str, key: str, value: str, config: RecipeConfig
         raise GridError(sweep_path, key, f"{value!r}: {what}; give a Hugging Face model directory or builtin:NAME")
     if not (path / "config.json").is_file():
         raise GridError(sweep_path, key, f"{value!r} has no config.json: not a Hugging Face model directory")
+    try:
+        model_config = json.loads((path / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GridError(sweep_path, key, f"{value!r}: its config.json is not readable JSON ({exc})") from None
+    if not isinstance(model_config, dict) or not model_config.get("model_type"):
+        raise GridError(
+            sweep_path, key, f"{value!r}: its config.json names no model_type: not a Hugging Face model config"
+        )
+
+
+def check_length_control(sweep_path: str, key: str, value: str, config: RecipeConfig) -> None:
+    """`length.control: interrupt` on a task without a thinking phase (sort6) is refused by the
+    job when a budget can be reached under the task's generation cap; refused here first."""
+    length = config.length
+    if value != "interrupt" or config.data.task != "sort6":
+        return
+    cap = min(SORT6_MAX_NEW_TOKENS, length.max_new_tokens)
+    if length.interrupt_min < cap:
+        raise GridError(
+            sweep_path, key, f"'interrupt' with length.interrupt_min={length.interrupt_min} below sort6's generation cap "
+            f"of {cap} tokens: sort6 has no thinking phase to interrupt; use 'penalty' or 'none', or "
+            f"length.interrupt_min >= {cap}",
+        )  # fmt: skip
 
 
 def check_data_file(sweep_path: str, key: str, value: str, config: RecipeConfig) -> None:
@@ -49,7 +78,9 @@ def check_data_file(sweep_path: str, key: str, value: str, config: RecipeConfig)
     from recipe.tasks.math.data import check_math_data  # torch-free; math-verify only runs in its workers
 
     try:
-        check_math_data(value, key)
+        rows = check_math_data(value, key)
+        if key == "data.valid":
+            config.data.check_split(rows)  # data.valid the same file as data.train: rows left to train on
     except ConfigError as exc:
         raise GridError(sweep_path, exc.key, exc.detail) from None
 
@@ -90,6 +121,7 @@ CHECKS: tuple[tuple[str, Callable[[str, str, str, RecipeConfig], None]], ...] = 
     ("engine.generator", check_engine),
     ("engine.trainer", check_engine),
     ("engine.zero_stage", check_zero_stage),
+    ("length.control", check_length_control),
 )
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.segment import Segment
 from rich.markup import escape
 from rich.table import Table
 
@@ -90,6 +92,9 @@ def status_table(sweep: str, rows: Sequence[StatusRow], *, compute: str) -> Tabl
     table.add_column("run", no_wrap=True, min_width=12)
     for key in axis_keys:
         table.add_column(escape(key))
+    with_seed = "seed" not in axis_keys  # every run's seed is shown: a same-seed rerun reads as one
+    if with_seed:
+        table.add_column("seed", justify="right")
     for name in ("state", "att.", "step", "pass rate", compute, "job"):
         table.add_column(name, justify="right" if name in ("att.", "step", "pass rate", compute) else "left")
     for row in rows:
@@ -100,6 +105,7 @@ def status_table(sweep: str, rows: Sequence[StatusRow], *, compute: str) -> Tabl
         table.add_row(
             escape(row.run.id),
             *(fmt_value(row.run.axes.get(k)) for k in axis_keys),
+            *([fmt_value(row.seed)] if with_seed else []),
             f"[{STATE_STYLE[state]}]{state}[/]" if state in STATE_STYLE else str(state),
             str(row.num_attempts),
             step,
@@ -132,11 +138,32 @@ def _axis_keys(axes: Sequence[dict[str, Any]]) -> list[str]:
     return keys
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters (ESC of a terminal escape sequence, BEL, CR, ...) shown
+    as `\\x1b`, never sent to the terminal; newlines and tabs stay."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+class _PrintableConsole(Console):
+    """A console whose text never carries a label's or a log's terminal escape sequences: every
+    text segment goes through `printable`; rich's own styling and cursor control (its control
+    segments, and the codes it makes from styles) are untouched."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            segment if segment.control else Segment(printable(segment.text), segment.style, segment.control)
+            for segment in buffer
+        )
+
+
 def console(stderr: bool = False) -> Console:
     """A terminal gets its own width; a pipe or file gets a wide one, so tables stay readable."""
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() or os.environ.get("COLUMNS") else PIPE_WIDTH
-    return Console(stderr=stderr, highlight=False, width=width)
+    return _PrintableConsole(stderr=stderr, highlight=False, width=width)
 
 
 def run_details(data: dict[str, Any]) -> str:
@@ -149,7 +176,8 @@ def run_details(data: dict[str, Any]) -> str:
         f"[bold]run {escape(data['run'])}[/] of sweep {escape(data['sweep'])}: {escape(str(data['state']))}"
         + (f" ({escape(data['reason'])})" if data.get("reason") else ""),
         f"  step {data['step']}, budget {escape(json.dumps(data['budget']))}, dir {escape(data['run_dir'])}",
-        f"  axes: {escape(json.dumps(data['axes'], default=str))}",
+        f"  axes: {escape(json.dumps(data['axes'], default=str))}, seed {escape(str(data.get('seed')))}"
+        + (f"; a same-seed rerun of {escape(data['rerun_of'])} (kept out of the fits)" if data.get("rerun_of") else ""),
         "attempts:",
         *(
             f"  #{a['number']} {escape(a['executor'])} {escape(str(a['state']))}"

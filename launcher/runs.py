@@ -7,7 +7,9 @@ import dataclasses
 import hashlib
 import json
 import re
+import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ from typing import Any
 from launcher.launch import LaunchError, _submit
 from recipe.config import ConfigError, RecipeConfig, canonical_json, read_run_files, write_run_files
 from recipe.telemetry.provenance import code_version
-from store import NewRun, NotFoundError, RunRecord, RunState, Store
+from store import TERMINAL_STATES, NewRun, NotFoundError, RunRecord, RunState, Store, same_seed_reruns
 
 LAST_EVAL_POINTS = 5
 
@@ -36,6 +38,8 @@ def show(store: Store, ref: str) -> dict[str, Any]:
         "budget": run.budget,
         "run_dir": run.run_dir,
         "axes": run.axes,
+        "seed": run.axes.get("seed", run.config.get("seed")),
+        "rerun_of": rerun_of(store, run),
         "config": run.config,
         "attempts": [
             {
@@ -53,6 +57,12 @@ def show(store: Store, ref: str) -> dict[str, Any]:
     }
 
 
+def rerun_of(store: Store, run: RunRecord) -> str | None:
+    """The earlier run of the sweep that `run` reproduces (store.same_seed_reruns: a `sweep
+    rerun` without --seed), else None. Such a rerun is kept out of the fits."""
+    return same_seed_reruns(store.runs(run.sweep)).get(run.id)
+
+
 @dataclass(frozen=True)
 class RerunResult:
     run: str
@@ -68,8 +78,13 @@ def rerun(store: Store, ref: str, *, seed: int | None = None) -> RerunResult:
     submit it with the sweep's executor."""
     original = store.get_run(ref)
     sweep = store.get_sweep(original.sweep)
-    if sweep is None or not sweep.root_dir or sweep.executor == "import":
-        raise NotFoundError(f"run {original.id} was imported, not run: there is no recipe config to rerun")
+    source = original.config.get("source") == "import"
+    if sweep is None or not sweep.root_dir or sweep.executor == "import" or source:
+        where = f" from {original.config['file']}" if source and original.config.get("file") else ""
+        raise NotFoundError(
+            f"run {original.id} of sweep {original.sweep} was imported{where}, not run: it has no recipe config "
+            "to rerun; rerun one of the sweep's launched runs"
+        )
     config = _config(original, seed)
     run_id = _new_id(store, original, config)
     axes = dict(original.axes) | ({"seed": seed} if seed is not None and "seed" in original.axes else {})
@@ -126,6 +141,36 @@ def _code_note(store: Store, original: RunRecord) -> str | None:
     return None
 
 
+def log_path(store: Store, ref: str, which: str, task: int = 0) -> tuple[RunRecord, Path]:
+    """The run and the path of its latest attempt's `which` log ("stdout" or "stderr") of task
+    `task` (0: trainer rank 0; every task of a Slurm job writes its own)."""
+    record = store.get_run(ref)
+    attempts = store.attempts(record.id)
+    if not attempts:
+        raise NotFoundError(f"run {record.id} has not been submitted yet")
+    path = task_log_path(getattr(attempts[-1], f"{which}_path"), task)
+    if not path or not Path(path).exists():
+        raise NotFoundError(
+            f"run {record.id}, attempt {attempts[-1].number}: no {which} log yet (expected at {path or 'unknown'})"
+        )
+    return record, Path(path)
+
+
+def read_log(store: Store, run_id: str, path: Path, *, follow: bool, poll_s: float = 0.5) -> Iterator[str]:
+    """The log's text; with `follow`, then what is appended, until the run has ended (or another
+    attempt took over) and the log has nothing more."""
+    attempts = len(store.attempts(run_id))
+    with open(path, errors="replace") as handle:
+        yield handle.read()
+        while follow:
+            chunk = handle.read()
+            if chunk:
+                yield chunk
+                continue
+            if store.get_run(run_id).state in TERMINAL_STATES or len(store.attempts(run_id)) != attempts:
+                yield handle.read()
+                return
+            time.sleep(poll_s)
 def task_log_path(path: str | None, task: int) -> str | None:
     """Task `task`'s log beside task 0's: each task of a Slurm job writes its own
     (submitit's `<job>_<task>_log.err`, `<array>_<index>_<task>_log.err`)."""

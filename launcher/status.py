@@ -10,7 +10,8 @@ knows nothing of fits).
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from store import TERMINAL_STATES, AttemptRecord, AttemptState, EvalRecord, RunR
 
 
 Pruner = Callable[[Store, str], object]
-"""Applies a sweep's live prune policy (the CLI's `_live_prune`)."""
+"""Applies a sweep's live prune policy (analysis.report.prune.apply_live_policy, which the CLI hands in)."""
 
 SYNCHRONOUS_PIPELINE = "async.mode=pipeline with engine.generator_ranks=0: synchronous (lag 0)"
 
@@ -41,6 +42,8 @@ class StatusRow:
     last: EvalRecord | None
     notes: tuple[str, ...] = ()
     """What a user should know about how the run executes."""
+    seed: int | None = None
+    """The run's seed: its `seed` axis, else its config's (an imported run without one: None)."""
 
     @property
     def budget_steps(self) -> int | None:
@@ -51,6 +54,7 @@ class StatusRow:
         return {
             "run": self.run.id,
             "axes": self.run.axes,
+            "seed": self.seed,
             "state": self.run.state,
             "reason": self.run.state_reason,
             "prune": self.run.prune,
@@ -78,11 +82,14 @@ def collect(store: Store, sweep: str, *, reconcile: bool = True, prune: Pruner |
     attempts = store.latest_attempts(sweep)
     counts = store.attempt_counts(sweep)
     last = store.last_eval_points(sweep)
-    values = store.config_values(sweep, NOTE_KEYS)
+    values = store.config_values(sweep, (*NOTE_KEYS, "seed"))
     return [
-        StatusRow(r, counts.get(r.id, 0), attempts.get(r.id), last.get(r.id), _notes(values.get(r.id, ())))
+        StatusRow(
+            r, counts.get(r.id, 0), attempts.get(r.id), last.get(r.id), _notes(values.get(r.id, ())[:-1]),
+            r.axes.get("seed", values.get(r.id, (None,))[-1]),
+        )
         for r in runs
-    ]
+    ]  # fmt: skip
 
 
 def _notes(values: tuple[Any, ...]) -> tuple[str, ...]:
@@ -151,3 +158,14 @@ def summary(rows: list[StatusRow]) -> dict[str, int]:
 
 def all_ended(rows: list[StatusRow]) -> bool:
     return all(r.run.state in TERMINAL_STATES or r.run.state == RunState.REGISTERED for r in rows)
+
+
+def watch(store: Store, sweep: str, *, prune: Pruner | None = None, interval_s: float = 2.0) -> Iterator[list[StatusRow]]:
+    """The sweep's rows (synced, with the live prune step), again every `interval_s` until every
+    run has ended; the last rows yielded are the final ones."""
+    while True:
+        rows = collect(store, sweep, prune=prune)
+        yield rows
+        if all_ended(rows):
+            return
+        time.sleep(interval_s)

@@ -101,6 +101,8 @@ SUMK_DIGITS = (1, 12)
 """The k a sumk prompt may have (recipe.tasks.sumk.MIN_DIGITS, MAX_DIGITS; a test keeps them equal)."""
 SUMK_ANSWER_TOKENS = 4
 """sumk's new tokens beyond its scratchpad (a running sum per digit): `</think>`, two answer digits, EOS."""
+SORT6_MAX_NEW_TOKENS = 7
+"""sort6's own generation cap: six digits and EOS; a completion not ended by then is truncated (recipe.tasks.sort6)."""
 BUILTIN_MODEL_TASKS = {"builtin:sort6-tiny": "sort6", "builtin:sumk-tiny": "sumk", "builtin:sumk-small": "sumk"}
 """The task each built-in base model was warmed up on (its tokenizer knows that task's symbols only)."""
 
@@ -131,6 +133,20 @@ class DataConfig(Section):
             for key in ("sumk_min_digits", "sumk_max_digits"):
                 if getattr(self, key) != getattr(DataConfig, key):
                     raise ConfigError(f"data.{key}", f"applies to data.task=sumk only, not {self.task!r}")
+
+    def same_files(self) -> bool:
+        """Whether data.valid is data.train (math-jsonl): then the held-out rows come out of it."""
+        return bool(self.train) and Path(self.train).expanduser().resolve() == Path(self.valid).expanduser().resolve()
+
+    def check_split(self, num_rows: int) -> None:
+        """With data.valid the same file as data.train, its `num_rows` rows must leave some to
+        train on after data.num_valid_prompts held-out ones (`sweep launch` and the job check it)."""
+        if self.same_files() and num_rows <= self.num_valid_prompts:
+            raise ConfigError(
+                "data.num_valid_prompts",
+                f"{self.num_valid_prompts} held-out rows leave none of the {num_rows} rows of "
+                f"{self.train} to train on; lower data.num_valid_prompts or give a separate data.valid",
+            )
 
 
 @dataclass(kw_only=True)

@@ -3,20 +3,19 @@
 Nothing outside this package imports SQLAlchemy; everything goes through `Store`'s methods.
 """
 
-from store.api import (
+from store.api import Store
+from store.records import (
     PRUNE_EXEMPT,
     AttemptRecord,
     CheckpointRecord,
     EvalRecord,
     NewRun,
     RunRecord,
-    Store,
     SweepRecord,
     TrackedAttempt,
-    mask_url,
-    resolve_url,
-    scrub,
+    same_seed_reruns,
 )
+from store.urls import mask_url, resolve_url, scrub
 from store.axes import COMPUTE_AXES, MEASURED_COMPUTE_AXES
 from store.errors import BadURLError, NotFoundError, SchemaError, StoreError
 from store.states import (
@@ -62,5 +61,6 @@ __all__ = [
     "TrackedAttempt",
     "mask_url",
     "resolve_url",
+    "same_seed_reruns",
     "scrub",
 ]

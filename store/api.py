@@ -1,4 +1,5 @@
-"""The store: every read and write of sweeps, runs, attempts, eval points and checkpoints.
+"""The Store: every read and write of sweeps, runs, attempts, eval points and checkpoints (the
+records it returns are in store/records.py, database URLs in store/urls.py).
 
 This is the only module that opens SQLAlchemy sessions; callers get frozen records back, never ORM
 objects. SQLite (one machine) runs in WAL mode with a busy timeout and takes the write lock at the
@@ -9,26 +10,34 @@ a cluster where many jobs write at once.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import os
-import re
 import typing
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, Text, bindparam, cast, create_engine, delete, event, func, insert, literal, select, update
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from store import migrate
-from store.errors import BadURLError, NotFoundError, StoreError
+from store.errors import NotFoundError, StoreError
 from store.models import Attempt, Checkpoint, EvalPoint, Run, Sweep, TrainMetric, utcnow
+from store.records import (
+    EVAL_FIELDS,
+    PRUNE_EXEMPT,
+    AttemptRecord,
+    CheckpointRecord,
+    EvalRecord,
+    NewRun,
+    RunRecord,
+    SweepRecord,
+    TrackedAttempt,
+)
+from store.urls import CONNECT_TIMEOUT_S, mask_url, resolve_url, scrub
 from store.states import (
     ACTIVE_STATES,
     OPEN_ATTEMPT_STATES,
@@ -38,210 +47,7 @@ from store.states import (
     RunState,
 )
 
-DEFAULT_DB_FILE = "sweeps.db"
-PRUNE_EXEMPT = "exempt"
-"""Key of a run's prune record (Run.prune) once resumed with --resume-pruned: never pruned again."""
 SQLITE_BUSY_TIMEOUT_MS = 60_000
-
-# ---------------------------------------------------------------------------------------------
-# Records returned to callers
-
-
-@dataclass(frozen=True)
-class SweepRecord:
-    id: int
-    name: str
-    spec: dict[str, Any]
-    root_dir: str
-    executor: str
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    id: str
-    sweep: str
-    position: int
-    config_data: dict[str, Any] | str = field(repr=False)
-    """The resolved config, or its JSON text as read from the database: `config` decodes it on
-    first use (`sweep status` lists 10,000 runs and reads no config; decoding them all was a
-    third of its time)."""
-    axes: dict[str, Any]
-    budget: dict[str, Any]
-    run_dir: str
-    state: RunState
-    state_reason: str | None
-    step: int
-    updated_at: datetime
-    prune: dict[str, Any] | None = None
-    """The live prune policy's word on the run (store.models.Run.prune)."""
-
-    @functools.cached_property
-    def config(self) -> dict[str, Any]:
-        """The resolved RecipeConfig, as a dict."""
-        data = self.config_data
-        return json.loads(data) if isinstance(data, str) else data
-
-
-@dataclass(frozen=True)
-class NewRun:
-    id: str
-    position: int
-    config: dict[str, Any]
-    axes: dict[str, Any]
-    budget: dict[str, Any]
-    run_dir: str
-
-
-@dataclass(frozen=True)
-class AttemptRecord:
-    id: int
-    run_id: str
-    number: int
-    executor: str
-    job_id: str | None
-    array_job_id: str | None
-    array_index: int | None
-    node: str | None
-    pid: int | None
-    state: AttemptState
-    exit_reason: str | None
-    resumed_from_step: int | None
-    stdout_path: str | None
-    stderr_path: str | None
-    submitted_at: datetime
-    started_at: datetime | None
-    ended_at: datetime | None
-    provenance: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class TrackedAttempt:
-    """What an executor's reconcile step needs of a run's newest attempt (Store.tracked_attempts)."""
-
-    id: int
-    run_id: str
-    job_id: str
-    stderr_path: str | None
-    run_state: RunState
-
-
-@dataclass(frozen=True)
-class EvalRecord:
-    run_id: str
-    step: int
-    pass_rate: float
-    flops: float
-    tokens: int
-    device_seconds: float
-    gpu_hours: float
-    num_samples: int
-    metrics: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class CheckpointRecord:
-    run_id: str
-    step: int
-    path: str
-    created_at: datetime
-
-
-EVAL_FIELDS = ("step", "pass_rate", "flops", "tokens", "device_seconds", "gpu_hours", "num_samples", "metrics")
-
-
-# ---------------------------------------------------------------------------------------------
-# URLs
-
-
-URL_FORMS = "sqlite:///PATH or postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
-DRIVERS = ("sqlite", "sqlite+pysqlite", "postgresql", "postgresql+psycopg")
-CONNECT_TIMEOUT_S = 10  # libpq waits forever on a port that accepts and never answers
-_SECRET_PARAM = re.compile(r"(?i)([?&;][^=&;?]*(?:pass|secret|token|key)[^=&;?]*=)([^&;]*)")
-
-
-def resolve_url(url: str | None = None) -> str:
-    """`url`, else $SWEEP_DB, else a SQLite file in the working directory; relative SQLite paths
-    become absolute so that jobs started elsewhere write to the same file. A URL this store cannot
-    use raises StoreError naming it (masked) and what is allowed."""
-    url = url or os.environ.get("SWEEP_DB") or f"sqlite:///{DEFAULT_DB_FILE}"
-    parsed = _parse_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        db = parsed.database
-        if db and db != ":memory:" and not db.startswith("file:"):
-            parsed = parsed.set(database=str(Path(db).expanduser().resolve()))
-    elif parsed.drivername == "postgresql":
-        parsed = parsed.set(drivername="postgresql+psycopg")  # psycopg 3, our dependency
-    return parsed.render_as_string(hide_password=False)
-
-
-def _parse_url(url: str) -> URL:
-    shown = mask_url(url)
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        raise BadURLError(f"bad database URL {shown!r}: not a URL; expected {URL_FORMS}") from None
-    except ValueError:  # the text would echo the URL's pieces: keep it out
-        raise BadURLError(f"bad database URL {shown!r}: its port is not a number; expected {URL_FORMS}") from None
-    if parsed.host and "@" in parsed.host:
-        raise BadURLError(f"bad database URL {shown!r}: its password holds an '@'; write it as %40")
-    if parsed.drivername not in DRIVERS:
-        raise BadURLError(
-            f"unsupported database URL scheme {parsed.drivername!r} in {shown!r}; allowed: {', '.join(DRIVERS)}"
-        )
-    if parsed.port is not None and not 0 < parsed.port < 65536:
-        raise BadURLError(f"bad port {parsed.port} in database URL {shown!r}; allowed: 1 to 65535")
-    if parsed.get_backend_name() == "sqlite" and parsed.query and "uri" not in parsed.query:
-        # pysqlite would ignore them with a warning; a password there is a mistake worth saying
-        raise BadURLError(
-            f"database URL {shown!r}: SQLite takes no query parameters ({', '.join(sorted(parsed.query))})"
-            "; allowed: none, or a file: URI with uri=true"
-        )
-    if parsed.get_backend_name() == "sqlite" and not parsed.database:
-        raise BadURLError(f"database URL {shown!r} names no file; expected {URL_FORMS}")
-    return parsed
-
-
-def mask_url(url: str) -> str:
-    """The URL fit to print: password and secret-looking query parameters replaced by ***. What
-    does not parse cleanly (an unencoded '@' in a password) is masked up to its last '@'."""
-    try:
-        parsed = make_url(url)
-    except Exception:  # noqa: BLE001 - not a URL: mask by hand, below
-        return _mask_raw(url)
-    if parsed.host and "@" in parsed.host:
-        return _mask_raw(url)
-    return _SECRET_PARAM.sub(r"\1***", parsed.render_as_string(hide_password=True))
-
-
-def _mask_raw(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return "<unparseable database URL>" if "@" in url or ":" in url else _SECRET_PARAM.sub(r"\1***", url)
-    userinfo, at, host = rest.rpartition("@")
-    if at:
-        user, colon, _ = userinfo.partition(":")
-        rest = f"{user}{':***' if colon else ''}@{host}"
-    return _SECRET_PARAM.sub(r"\1***", f"{scheme}://{rest}")
-
-
-def url_secrets(url: str) -> list[str]:
-    """The strings of `url` that must never be printed: its password and secret query values."""
-    try:
-        parsed = make_url(url)
-    except Exception:  # noqa: BLE001
-        return []
-    found = [parsed.password or ""]
-    found += [m.group(2) for m in _SECRET_PARAM.finditer(url)]
-    return sorted({str(v) for v in found if v}, key=len, reverse=True)
-
-
-def scrub(text: str, url: str) -> str:
-    """`text` with every secret of `url` replaced by ***."""
-    for secret in url_secrets(url):
-        text = text.replace(secret, "***")
-    return text
-
 
 # ---------------------------------------------------------------------------------------------
 # The store
@@ -285,6 +91,8 @@ class Store:
         db = make_url(self.url).database
         if db and db != ":memory:" and not db.startswith("file:"):
             path = Path(db)
+            if path.is_dir():
+                raise StoreError(f"the store {self.display_url} is a directory; give an SQLite file, e.g. {path / 'sweeps.db'}")
             if create:
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)
@@ -353,11 +161,23 @@ class Store:
 
     def upsert_sweep(self, name: str, spec: dict[str, Any], root_dir: str, executor: str) -> SweepRecord:
         """Create the sweep, or update its spec/root/executor if it exists (safe to race)."""
-        values = {"name": name, "spec": spec, "root_dir": root_dir, "executor": executor}
         with self._write(f"registering sweep {name!r}") as s:
-            stmt = _insert(self)(Sweep).values(**values)
-            s.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={**values, "updated_at": utcnow()}))
-            return _sweep(s.scalars(select(Sweep).where(Sweep.name == name)).one())
+            return self._upsert_sweep(s, name, spec, root_dir, executor)
+
+    def _upsert_sweep(self, s: Session, name: str, spec: dict[str, Any], root_dir: str, executor: str) -> SweepRecord:
+        values = {"name": name, "spec": spec, "root_dir": root_dir, "executor": executor}
+        stmt = _insert(self)(Sweep).values(**values)
+        s.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={**values, "updated_at": utcnow()}))
+        return _sweep(s.scalars(select(Sweep).where(Sweep.name == name)).one())
+
+    def register_sweep(
+        self, name: str, spec: dict[str, Any], root_dir: str, executor: str, runs: Sequence[NewRun]
+    ) -> list[str]:
+        """`sweep launch`: the sweep (created, or its settings updated) and its runs that are not
+        in the store yet, in ONE transaction; the ids that were new."""
+        with self._write(f"registering sweep {name!r}") as s:
+            self._upsert_sweep(s, name, spec, root_dir, executor)
+            return self._register_runs(s, name, runs)
 
     def get_sweep(self, name: str) -> SweepRecord | None:
         with self._read(f"reading sweep {name!r}") as s:
@@ -376,18 +196,23 @@ class Store:
         if not runs:
             return []
         with self._write(f"registering runs of {sweep!r}") as s:
-            sweep_id = _sweep_id(s, sweep)
-            rows = [
-                {"id": r.id, "sweep_id": sweep_id, "position": r.position, "config": r.config, "axes": r.axes,
-                 "budget": r.budget, "run_dir": r.run_dir, "state": RunState.REGISTERED, "step": 0}
-                for r in runs
-            ]  # fmt: skip
-            # One statement executed with all rows: SQLAlchemy batches it into multi-row INSERTs
-            # under the bound-parameter limit and compiles it once (a 1,000-row .values() took
-            # 0.3 s to compile, 3 s for 10,000 runs); RETURNING yields only the rows inserted.
-            stmt = _insert(self)(Run).on_conflict_do_nothing().returning(Run.id)
-            inserted = set(s.scalars(stmt, rows))
-            return [r.id for r in runs if r.id in inserted]
+            return self._register_runs(s, sweep, runs)
+
+    def _register_runs(self, s: Session, sweep: str, runs: Sequence[NewRun]) -> list[str]:
+        if not runs:
+            return []
+        sweep_id = _sweep_id(s, sweep)
+        rows = [
+            {"id": r.id, "sweep_id": sweep_id, "position": r.position, "config": r.config, "axes": r.axes,
+             "budget": r.budget, "run_dir": r.run_dir, "state": RunState.REGISTERED, "step": 0}
+            for r in runs
+        ]  # fmt: skip
+        # One statement executed with all rows: SQLAlchemy batches it into multi-row INSERTs
+        # under the bound-parameter limit and compiles it once (a 1,000-row .values() took
+        # 0.3 s to compile, 3 s for 10,000 runs); RETURNING yields only the rows inserted.
+        stmt = _insert(self)(Run).on_conflict_do_nothing().returning(Run.id)
+        inserted = set(s.scalars(stmt, rows))
+        return [r.id for r in runs if r.id in inserted]
 
     def import_runs(
         self,
@@ -403,10 +228,9 @@ class Store:
         Returns (whether the sweep was created, the ids of the runs that were new)."""
         now = utcnow()
         with self._write(f"importing {len(runs)} runs into {sweep!r}") as s:
-            created = s.scalar(select(Sweep.id).where(Sweep.name == sweep)) is None
-            if created:
-                s.add(Sweep(name=sweep, spec=spec, root_dir="", executor=executor))
-                s.flush()
+            # Imports racing into a new sweep: one creates it, the others find it (no unique-key error).
+            stmt = _insert(self)(Sweep).values(name=sweep, spec=spec, root_dir="", executor=executor)
+            created = s.scalar(stmt.on_conflict_do_nothing(index_elements=["name"]).returning(Sweep.id)) is not None
             sweep_id = _sweep_id(s, sweep)
             start = (s.scalar(select(func.max(Run.position)).where(Run.sweep_id == sweep_id)) or -1) + 1
             rows = [

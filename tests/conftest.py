@@ -240,3 +240,86 @@ def random_batch(num_groups: int, seed: int = 7, group_size: int = 3):
         adv_B=torch.randn(rows, generator=gen),
         group_size=group_size,
     )
+# The dev Slurm cluster: tests touch only the cluster slurm/dev-cluster.sh started, and only the
+# jobs they submitted (never `scancel -u`: on a real login node that cancels every job of the user)
+
+DEV_CLUSTER_MARK = "# Written by slurm/dev-cluster.sh"
+
+
+def dev_cluster_problem() -> str | None:
+    """Why the Slurm that `sinfo`/`scancel` reach is not the project's dev cluster (None when it
+    is): its slurm.conf must be the one dev-cluster.sh writes, with the cluster name it gives."""
+    import subprocess
+
+    try:
+        proc = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    if proc.returncode != 0:
+        return f"scontrol show config failed: {(proc.stderr or proc.stdout).strip()[-300:]}"
+    config = dict(
+        (key.strip(), value.strip()) for key, _, value in (line.partition("=") for line in proc.stdout.splitlines()) if _
+    )
+    # the configuration the commands read (a login node's, say), and the one the controller runs on
+    conf_path = os.environ.get("SLURM_CONF") or config.get("SLURM_CONF", "")
+    name = os.environ.get("DEV_CLUSTER_NAME", "dev")
+    try:
+        first = Path(conf_path).read_text().splitlines()[:1]
+    except OSError as exc:
+        return f"cannot read its slurm.conf {conf_path!r}: {exc}"
+    if not (first and first[0].startswith(DEV_CLUSTER_MARK)):
+        return f"{conf_path} was not written by slurm/dev-cluster.sh: not the project's dev cluster"
+    if config.get("ClusterName") != name:
+        return f"the cluster is {config.get('ClusterName')!r}, not the dev cluster {name!r}"
+    return None
+
+
+def require_dev_cluster() -> None:
+    """Skip (fail under SWEEP_REQUIRE_SERVICES=1) unless Slurm is the project's dev cluster."""
+    problem = dev_cluster_problem()
+    if problem is not None:
+        _unavailable("the dev Slurm cluster (slurm/dev-cluster.sh)", problem)
+
+
+def own_jobs(under: Path) -> list[str]:
+    """Ids of the queued or running jobs whose output goes under `under` (the test session's
+    temporary directory, where every run root of a test lies): the jobs the tests submitted."""
+    import subprocess
+
+    user = os.environ.get("USER") or "root"
+    proc = subprocess.run(
+        ["squeue", "-h", "-u", user, "-O", "JobID:40,StdOut:4000"], capture_output=True, text=True, timeout=30
+    )
+    prefix = str(under.resolve())
+    jobs = []
+    for line in proc.stdout.splitlines():
+        job, _, stdout = line.partition(" ")
+        if stdout.strip().startswith(prefix):
+            jobs.append(job.strip())
+    return jobs
+
+
+def cancel_own_jobs(under: Path, timeout_s: float = 60) -> None:
+    """Cancel the jobs of `own_jobs(under)` (by id, on the dev cluster only) and wait until they left the queue."""
+    import subprocess
+    import time
+
+    require_dev_cluster()
+    jobs = own_jobs(under)
+    if jobs:
+        subprocess.run(["scancel", *jobs], check=False, capture_output=True, timeout=30)
+    deadline = time.monotonic() + timeout_s
+    while own_jobs(under):
+        if time.monotonic() > deadline:
+            pytest.fail(f"jobs {own_jobs(under)} still in the queue {timeout_s:.0f} s after scancel")
+        time.sleep(0.5)
+
+
+@pytest.fixture
+def own_slurm_queue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No job of this test session in the queue before and after the test (a failed test may
+    leave some running); jobs of anyone or anything else are never touched."""
+    base = tmp_path_factory.getbasetemp()
+    cancel_own_jobs(base)
+    yield
+    cancel_own_jobs(base)

@@ -12,7 +12,6 @@ import copy
 import importlib.util
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -373,24 +372,8 @@ budget: {{steps: {steps}}}
 
 
 @pytest.fixture
-def slurm_queue(request):
-    """The dev cluster, with no job of ours in the queue before and after the test."""
-    from test_slurm import wait_for
-
-    request.getfixturevalue("slurm_cluster")
-
-    def clear() -> None:
-        user = os.environ.get("USER") or "root"
-        subprocess.run(["scancel", "-u", user], check=False, capture_output=True)
-        wait_for(
-            lambda: not subprocess.run(["squeue", "-h", "-u", user], capture_output=True, text=True).stdout.strip(),
-            60,
-            "the queue to empty",
-        )
-
-    clear()
-    yield
-    clear()
+def slurm_queue(slurm_cluster, own_slurm_queue):
+    """The dev cluster, with no job of this test session in the queue before and after the test."""
 
 
 from test_slurm import slurm_cluster  # noqa: E402, F401 - the session fixture that brings the cluster up

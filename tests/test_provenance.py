@@ -72,6 +72,18 @@ def test_show_and_rerun_a_finished_run(sweep_file, sqlite_url):
     assert same.config == run.config and same.axes == run.axes
     assert reseeded.config == run.config | {"seed": 5}
 
+    # the same-seed rerun reproduces the run: shown as such, kept out of the fit; the other is a replicate
+    assert sweep(sqlite_url, "status", "prov", "--watch")[0] == 0
+    shown = json.loads(sweep(sqlite_url, "show", same.id, "--json")[1])
+    assert shown["rerun_of"] == run.id and shown["seed"] == run.config["seed"]
+    assert json.loads(sweep(sqlite_url, "show", reseeded.id, "--json")[1])["rerun_of"] is None
+    status = json.loads(sweep(sqlite_url, "status", "prov", "--json")[1])
+    assert sorted(r["seed"] for r in status["runs"]) == sorted([run.config["seed"]] * 2 + [5])
+    code, out = sweep(sqlite_url, "report", "prov", "--format", "json", "--bootstrap", "0", "--compute", "step")
+    report = json.loads(out)
+    assert report["reruns"] == {same.id: run.id}
+    assert sorted(s for c in report["runs"] for s in c["seeds"]) == sorted([run.config["seed"], 5])
+
 
 def test_show_and_rerun_of_an_unknown_run_are_one_line_errors(sqlite_url):
     Store(sqlite_url).upsert_sweep("s", {}, "/nowhere", "local")

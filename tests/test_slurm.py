@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -87,36 +88,23 @@ def running_past(store: Store, run_id: str, step: int):
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> None:
+    """The project's dev cluster, brought up when the tests run as root; any other Slurm (a real
+    login node's) is never used: the tests skip, or fail under SWEEP_REQUIRE_SERVICES=1."""
+    from conftest import require_dev_cluster
+
     script = ROOT / "slurm" / "dev-cluster.sh"
-    if os.geteuid() == 0:
+    up = subprocess.run(["bash", str(script), "status"], capture_output=True).returncode == 0
+    if not up and os.geteuid() == 0:  # `up` on a running cluster would undo the settings others' tests made
         proc = subprocess.run(["bash", str(script), "up"], capture_output=True, text=True)
         if proc.returncode != 0:
             pytest.fail(f"slurm/dev-cluster.sh up failed:\n{proc.stderr[-3000:]}")
-    try:
-        subprocess.run(["sinfo"], check=True, capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as exc:
-        from conftest import _unavailable
-
-        _unavailable("the dev Slurm cluster", str(exc))
+    require_dev_cluster()
 
 
 @pytest.fixture(autouse=True)
-def empty_queue(slurm_cluster):
-    """Each test starts with no jobs of ours in the queue (a failed test may leave some running)
-    and leaves none behind."""
-
-    def clear() -> None:
-        user = os.environ.get("USER") or "root"
-        subprocess.run(["scancel", "-u", user], check=False, capture_output=True)
-        wait_for(
-            lambda: not subprocess.run(["squeue", "-h", "-u", user], capture_output=True, text=True).stdout.strip(),
-            60,
-            "the queue to empty",
-        )
-
-    clear()
-    yield
-    clear()
+def empty_queue(slurm_cluster, own_slurm_queue):
+    """Each test starts and ends with no job of this test session in the queue (conftest's
+    own_slurm_queue: only the jobs the tests submitted, by id)."""
 
 
 @pytest.fixture
@@ -232,13 +220,16 @@ def test_sweep_larger_than_max_array_size_is_split_into_arrays_from_zero(cluster
 
 
 def test_runs_over_the_submit_limit_wait_and_go_out_at_the_next_status(cluster_setting, sweep_file, sqlite_url):
-    cluster_setting("MaxSubmitJobs", "2", "-1")
+    # The limit counts every job of the user: others' (never cancelled here) leave room for 2 of ours.
+    user = os.environ.get("USER") or "root"
+    others = len(subprocess.run(["squeue", "-h", "-r", "-u", user], capture_output=True, text=True).stdout.split("\n")) - 1
+    cluster_setting("MaxSubmitJobs", str(others + 2), "-1")
     grid = sweep_file(tiny("limit", 10, "seeds: [0, 1, 2]"))
     code, out = sweep(sqlite_url, "launch", str(grid), "--cluster", "slurm")
     assert code == 0 and "2 submitted" in out, out
     store = Store(sqlite_url)
     waiting = store.runs("limit", states=["registered"])
-    assert len(waiting) == 1 and "MaxSubmitJobs=2" in waiting[0].state_reason
+    assert len(waiting) == 1 and f"MaxSubmitJobs={others + 2}" in waiting[0].state_reason
     runs = wait_ended(sqlite_url, "limit")  # status polls submit the waiting run once there is room
     assert [r["state"] for r in runs] == ["completed"] * 3
 
@@ -304,3 +295,46 @@ def test_database_password_is_masked_in_every_output_and_log(slurm_cluster, swee
         assert secret not in text
     assert "***" in outputs[3]  # the job log names the store, masked
     assert "***" in outputs[-1]
+
+
+def test_the_tests_cancel_only_their_own_jobs_on_the_dev_cluster(slurm_cluster, tmp_path, tmp_path_factory):
+    """A job of someone else (its output outside this test session's directory) survives the
+    fixtures' cleanup; and no test names `scancel -u`."""
+    from conftest import cancel_own_jobs, own_jobs
+
+    outside = Path("/tmp") / f"not-a-test-{os.getpid()}.out"
+    proc = subprocess.run(
+        ["sbatch", "--parsable", f"--output={outside}", "--wrap", "sleep 120"], capture_output=True, text=True, check=True
+    )
+    theirs = proc.stdout.strip().split(";")[0]
+    try:
+        mine = subprocess.run(
+            ["sbatch", "--parsable", f"--output={tmp_path / 'mine.out'}", "--wrap", "sleep 120"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip().split(";")[0]  # fmt: skip
+        assert own_jobs(tmp_path_factory.getbasetemp()) == [mine]
+        cancel_own_jobs(tmp_path_factory.getbasetemp())
+        queued = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+        assert theirs in queued and mine not in queued
+    finally:
+        subprocess.run(["scancel", theirs], check=False)
+        outside.unlink(missing_ok=True)
+    for test in Path(__file__).parent.glob("*.py"):
+        assert not re.search(r'"scancel",\s*"-u"', test.read_text()), test.name
+
+
+def test_a_slurm_other_than_the_dev_cluster_is_never_touched(slurm_cluster, tmp_path):
+    """The same daemons, reached through a slurm.conf that dev-cluster.sh did not write (as on a
+    login node), or under another cluster name: the check refuses both, so the fixtures neither
+    cancel nor submit there."""
+    from conftest import dev_cluster_problem
+
+    assert dev_cluster_problem() is None
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("\n".join(Path("/etc/slurm/slurm.conf").read_text().splitlines()[1:]) + "\n")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SLURM_CONF", str(conf))
+        assert "not written by slurm/dev-cluster.sh" in (dev_cluster_problem() or "")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DEV_CLUSTER_NAME", "prod")
+        assert "not the dev cluster 'prod'" in (dev_cluster_problem() or "")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -31,9 +32,12 @@ from analysis import (
     fit_curves,
 )
 from analysis.ranking import ConfigResult, Curve, comparisons, config_label, effects, rank, rank_at_predict
-from store import COMPUTE_AXES, EvalRecord, Store
+from store import COMPUTE_AXES, EvalRecord, Store, same_seed_reruns
 
 SCHEMA_VERSION = 2
+MAX_BOOTSTRAP = 100_000
+"""Bootstrap samples at most: the intervals' Monte Carlo error is ~1% of their width by 10,000;
+a billion would allocate gigabytes for nothing."""
 PARALLEL_ABOVE = 8  # configurations; below this a process pool costs more than it saves
 
 
@@ -62,10 +66,15 @@ class ReportOptions:
         for name, value in (("--cutoff", self.cutoff), ("--fit-until", self.fit_until), ("--predict", self.predict_at)):
             if value is not None and (not math.isfinite(value) or value < 0 or (value == 0 and name != "--cutoff")):
                 raise ValueError(f"{name} must be a finite number {'>= 0' if name == '--cutoff' else '> 0'}, got {value}")
+        show = (lambda v: f"{v * 100:g}%") if self.relative else (lambda v: f"{v:g}")
+        if self.relative and self.fit_until is not None and self.fit_until >= 1:
+            raise ValueError(f"--fit-until {show(self.fit_until)} must be below 100% (of each configuration's compute)")
         if self.fit_until is not None and self.predict_at is not None and self.predict_at <= self.fit_until:
-            raise ValueError(f"--predict ({self.predict_at}) must lie beyond --fit-until ({self.fit_until})")
-        if self.n_boot < 0:
-            raise ValueError(f"n_boot must be >= 0, got {self.n_boot}")
+            raise ValueError(f"--predict ({show(self.predict_at)}) must lie beyond --fit-until ({show(self.fit_until)})")
+        if not self.relative and self.fit_until is not None and self.cutoff >= self.fit_until:
+            raise ValueError(f"--cutoff ({self.cutoff:g}) must lie below --fit-until ({self.fit_until:g}): nothing left to fit")
+        if not 0 <= self.n_boot <= MAX_BOOTSTRAP:
+            raise ValueError(f"--bootstrap must be in [0, {MAX_BOOTSTRAP}], got {self.n_boot}")
 
     def fit_options(self) -> FitOptions:
         return FitOptions(method=self.method, r0=self.r0, cutoff=self.cutoff)
@@ -80,6 +89,8 @@ class Report:
     comparisons: tuple[Comparison, ...] = ()
     effects: tuple[AxisEffect, ...] = ()
     generated_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    reruns: dict[str, str] = field(default_factory=dict)
+    """Same-seed reruns kept out of the fits: {rerun id: the run it reproduces} (split_reruns)."""
 
     @property
     def ranked(self) -> list[ConfigResult]:
@@ -90,14 +101,49 @@ class Report:
 # Building
 
 
+class ReportError(ValueError):
+    """The sweep has nothing to fit on the chosen axis; the message says why and what to give."""
+
+
 def build_report(store: Store, sweep: str, options: ReportOptions = ReportOptions()) -> Report:
     """Read the sweep's curves from the store and analyse them."""
     compute, groups, axes_of = read_configurations(store, sweep, options.compute)
+    require_data(store, sweep, compute, groups)
+    groups, reruns = split_reruns(store, sweep, groups)
     configs = analyse(
         [(label, axes_of[label], tuple(curves)) for label, curves in groups.items() if any(c.compute for c in curves)],
         options,
     )
-    return finish_report(sweep, options, compute, configs)
+    return replace(finish_report(sweep, options, compute, configs), reruns=reruns)
+
+
+def require_data(store: Store, sweep: str, compute: str, groups: dict[str, list[Curve]]) -> None:
+    """Refuse a sweep without a point to fit on `compute`: one line that says what is missing
+    (no run has reported, or the axis has no data: every point is 0 there) and what to give."""
+    curves = [c for cs in groups.values() for c in cs]
+    if not any(c.compute for c in curves):
+        states = ", ".join(f"{n} {state}" for state, n in sorted(Counter(str(c.state) for c in curves).items()))
+        raise ReportError(
+            f"sweep {sweep!r} has no evaluation point yet ({states or 'no runs'}): nothing to fit; "
+            f"see `sweep status {sweep}`"
+        )
+    if any(v > 0 for c in curves for v in c.compute):
+        return
+    points = [p for pts in store.sweep_eval_points(sweep).values() for p in pts]
+    with_data = [axis for axis in COMPUTE_AXES if any((_value(p, axis) or 0) > 0 for p in points)]
+    raise ReportError(
+        f"the compute axis {compute!r} has no data in sweep {sweep!r} (every point's {compute} is 0); "
+        f"give --compute {' or '.join(with_data) if with_data else 'another axis'}"
+    )
+
+
+def split_reruns(store: Store, sweep: str, groups: dict[str, list[Curve]]) -> tuple[dict[str, list[Curve]], dict[str, str]]:
+    """Same-seed reruns out of the fits (store.same_seed_reruns): a rerun reproduces its run, it
+    is not an independent replicate, and counting its points again would narrow the intervals for
+    nothing (docs/decisions.md). Returns the groups without them and {rerun id: the run it reproduces}."""
+    reruns = same_seed_reruns(store.runs(sweep))
+    kept = {label: [c for c in curves if c.run not in reruns] for label, curves in groups.items()}
+    return {label: curves for label, curves in kept.items() if curves}, reruns
 
 
 def read_configurations(
@@ -116,7 +162,7 @@ def read_configurations(
         pts = [p for p in points.get(run.id, []) if _value(p, compute) is not None]
         curve = Curve(
             run.id,
-            run.axes.get("seed"),
+            run.axes.get("seed", run.config.get("seed")),  # a native sweep of one seed has it in the config
             run.state,
             tuple(v for p in pts if (v := _value(p, compute)) is not None),
             tuple(p.pass_rate for p in pts),
@@ -170,6 +216,12 @@ def _analyse_one(group: tuple[str, dict[str, Any], tuple[Curve, ...]], options: 
         own_range = max(max(c) for c, _ in data)
         scale = own_range if options.relative else 1.0
         fit_until = own_range if options.fit_until is None else options.fit_until * scale  # no --fit-until: all data
+        if fit_until <= options.cutoff:
+            raise ReportError(
+                f"configuration {label}: --cutoff ({options.cutoff:g}) lies at or beyond its --fit-until "
+                f"({fit_until:g} {'' if not options.relative else '= ' + format(options.fit_until * 100, 'g') + '% of its compute'}): "
+                "nothing left to fit; lower --cutoff"
+            )
         extrap = extrapolate(
             data, fit_options, fit_until=fit_until, predict_at=options.predict_at * scale,
             n_boot=max(options.n_boot, 50), level=options.level,

@@ -125,7 +125,7 @@ def config_figure(config: ConfigResult, compute: str) -> Figure:
         if config.boot is not None:
             lo, hi = config.boot.band(grid)
             ax.fill_between(
-                grid, lo, hi, color=FIT_COLOR, alpha=BAND_ALPHA, lw=0, label=f"{config.boot.level:.0%} band"
+                grid, lo, hi, color=FIT_COLOR, alpha=BAND_ALPHA, lw=0, label=f"{percent(config.boot.level)} band"
             )
     if config.extrapolation is not None:
         _draw_extrapolation(ax, config, x_floor, x_max)
@@ -360,3 +360,8 @@ def _num(value: float) -> str:
 def _slug(text: str) -> str:
     """A file-name-safe version of a label, short enough for any file system."""
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("_")[:80] or "config"
+
+
+def percent(level: float) -> str:
+    """An interval level as a percentage with the digits it has: 0.95 -> 95%, 0.999 -> 99.9%."""
+    return f"{level * 100:.4g}%"

@@ -6,9 +6,10 @@ and launching and tracking (launcher/, except the CLI) never import either.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -62,7 +63,17 @@ class LiveJudgment:
 def policy_of(spec: Mapping[str, Any]) -> PrunePolicy | None:
     """The sweep's policy (its `prune:` block, stored with the sweep); None without one."""
     block = (spec.get("grid") or {}).get("prune")
-    return None if block is None else PrunePolicy(**(block or {}))
+    if block is None:
+        return None
+    try:
+        return PrunePolicy(**(block or {}))
+    except (TypeError, ValueError) as exc:  # a sweep registered before a bound was checked at launch
+        from analysis.report.build import ReportError
+
+        raise ReportError(
+            f"the sweep's stored prune: block {block} is not a valid policy ({exc}); "
+            "relaunch the sweep file with a valid prune: block"
+        ) from None
 
 
 def run_progress(run: RunRecord, last: EvalRecord | None) -> float:
@@ -162,3 +173,55 @@ def _best(verdicts: Mapping[str, Verdict]) -> str | None:
     """The reference of a judgment, as `judge` chose it: the highest lower bound on A."""
     known = {k: v.A_interval for k, v in verdicts.items() if v.A_interval is not None}
     return max(known, key=lambda k: known[k][0]) if len(known) >= 2 else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The live step and `sweep prune`, as the CLI calls them
+
+Stop = Callable[[Store, str, Sequence[str], str, dict[str, Any]], list[str]]
+"""Stops a configuration's runs after a checkpoint (launcher.cancel.prune, handed in by the CLI:
+this layer reads the store and judges; stopping jobs is the launcher's)."""
+
+
+def apply_live_policy(store: Store, sweep: str, stop: Stop) -> list[str]:
+    """Apply the sweep's live prune policy: judge what is due, stop the runs of the dominated
+    configurations with `stop`, record the word on every run judged; the ids pruned. A sweep
+    without a `prune:` block costs one read."""
+    record = store.get_sweep(sweep)
+    policy = None if record is None else policy_of(record.spec)
+    if policy is None:
+        return []
+    judgment = live_judgment(store, sweep, policy)
+    store.set_prune_records(judgment.judged)
+    return [run_id for p in judgment.prunes for run_id in stop(store, sweep, p.run_ids, p.reason, p.record)]
+
+
+def prune_data(store: Store, sweep: str, *, simulate: bool, compute: str | None = None) -> dict[str, Any]:
+    """`sweep prune`: what the policy would prune now (`simulate` False), or a replay of the
+    sweep's curves in compute order beside a current-value pruner (`simulate` True), as JSON-able
+    data. A sweep without points on the axis is a ReportError naming what is missing."""
+    from analysis.pruning import simulate as replay
+    from analysis.pruning import simulate_current
+    from analysis.report.build import read_configurations, require_data, split_reruns
+
+    record = store.get_sweep(sweep)
+    policy = (policy_of(record.spec) if record else None) or PrunePolicy()
+    axis, groups, _ = read_configurations(store, sweep, compute)
+    require_data(store, sweep, axis, groups)
+    groups, _ = split_reruns(store, sweep, groups)
+    curves = {label: [(c.compute, c.pass_rate) for c in seeds if c.compute] for label, seeds in groups.items()}
+    curves = {label: seeds for label, seeds in curves.items() if seeds}
+    data: dict[str, Any] = {"sweep": sweep, "compute_axis": axis, "policy": dataclasses.asdict(policy)}
+    if not simulate:
+        return data | {"configurations": [dataclasses.asdict(v) for v in judge(curves, policy).values()]}
+    return data | {"simulations": [_simulation_json(replay(curves, policy)), _simulation_json(simulate_current(curves, policy))]}
+
+
+def _simulation_json(sim: Any) -> dict[str, Any]:
+    return {
+        "pruner": sim.pruner,
+        "saved_fraction": sim.saved_fraction,
+        "best": sim.best,
+        "best_survived": sim.best_survived,
+        "runs": [dataclasses.asdict(v) for v in sim.verdicts],
+    }

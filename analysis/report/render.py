@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from analysis import AxisEffect, Comparison, Extrapolation, Interval
-from analysis.report.plots import Plot, config_plot_name, render_plots
+from analysis.report.plots import Plot, config_plot_name, percent, render_plots
 from analysis.report.build import SCHEMA_VERSION, ConfigResult, Report
 
 PARAMS = ("A", "B", "Cmid")
@@ -48,6 +48,7 @@ def to_json_dict(report: Report) -> dict[str, Any]:
         "runs": [_config_json(c) for c in report.configs],
         "comparisons": [_comparison_json(c) for c in report.comparisons],
         "effects": [_effect_json(e) for e in report.effects],
+        "reruns": dict(report.reruns),
     }
 
 
@@ -142,15 +143,14 @@ def _interval(interval: Interval) -> list[float | None] | None:
 
 def render_table(report: Report, console: Console) -> None:
     console.print(fit_table(report))
-    summary = prediction_summary(report)
-    if summary:
-        console.print(summary, soft_wrap=True)
+    for line in filter(None, (prediction_summary(report), reruns_line(report))):
+        console.print(Text(line), soft_wrap=True)
     if report.comparisons:
         console.print(
             "[bold]Comparisons[/] (paper's rule: A's within the margin are refitted with a shared A and compared on B)"
         )
         for c in report.comparisons:
-            console.print(f"  {c.reason}", soft_wrap=True)
+            console.print(Text(f"  {c.reason}"), soft_wrap=True)
     if report.effects:
         console.print(effects_table(report))
 
@@ -159,12 +159,12 @@ def fit_table(report: Report) -> Table:
     header, rows = fit_grid(report)
     caption = "ranked by A, then B; flagged fits are not ranked"
     if any(c.boot for c in report.configs):
-        caption += f"; lo-hi: {report.options.level:.0%} bootstrap intervals"
+        caption += f"; lo-hi: {percent(report.options.level)} bootstrap intervals"
     table = Table(title=_fit_title(report), title_justify="left", caption=caption)
-    text_columns = {*(_axis_keys(report) or ["run"]), "flags"}
+    text_columns = {*(_axis_headers(report) or ["run"]), "flags"}
     for name in header:
         justify: Literal["left", "right"] = "left" if name in text_columns else "right"
-        table.add_column(name, justify=justify, style="yellow" if name == "flags" else None, overflow="fold")
+        table.add_column(Text(name), justify=justify, style="yellow" if name == "flags" else None, overflow="fold")
     for row in rows:
         cells = [Text(cell) for cell in row]
         for cell in cells:
@@ -181,7 +181,7 @@ def fit_grid(report: Report) -> tuple[list[str], list[list[str]]]:
     with_intervals = any(c.boot for c in configs)
     with_extrapolation = any(c.extrapolation for c in configs)
     with_methods = len({c.fit.method for c in configs}) > 1  # else the title names the one method
-    header = ["#", *(axis_keys or ["run"])]
+    header = ["#", *(_axis_headers(report) or ["run"])]
     header += ["seeds"] if with_seeds else []
     header += [f"{name} (lo-hi)" if with_intervals else name for name in PARAMS]
     header += [
@@ -229,14 +229,25 @@ def prediction_summary(report: Report) -> str | None:
     close = sum(abs(e.error) <= opts.margin for e in checked if e.error is not None)
     target = f"{opts.predict_at:.0%}" if opts.relative and opts.fit_until is not None else at(opts.predict_at)
     text = f"Predictions ({where}predicted at {target}): "
+    reached = sum(e.observed is not None for e in made)
     if checked:
         text += f"within {opts.margin:g} of the observed pass rate for {close} of {len(checked)} configurations"
+    elif reached:
+        text += f"{reached} of {len(made)} configurations reached it, none with a prediction to check"
     else:
         text += "no configuration has reached it yet"
     withheld = [e for e in made if e.withheld is not None]
     if withheld:
         text += f"; {len(withheld)} withheld (unstable or unfitted before C1)"
     return text + "."
+
+
+def reruns_line(report: Report) -> str | None:
+    """Which runs are same-seed reruns, kept out of the fits as reproductions."""
+    if not report.reruns:
+        return None
+    pairs = ", ".join(f"{rerun} (a rerun of {original})" for rerun, original in sorted(report.reruns.items()))
+    return f"Same-seed reruns, reproductions kept out of the fits: {pairs}."
 
 
 def comparison_grid(report: Report) -> tuple[list[str], list[list[str]]]:
@@ -270,11 +281,21 @@ def _axis_keys(report: Report) -> list[str]:
     return keys
 
 
+FIT_COLUMNS = ("#", "run", "seeds", *PARAMS, *(f"{name} (lo-hi)" for name in PARAMS), "R0", "R²", "n",
+               "predicted", "rank@C", "p_best", "method", "flags")  # fmt: skip
+
+
+def _axis_headers(report: Report) -> list[str]:
+    """The fit table's axis columns: an axis named like a fixed column (`A`, `n`, `flags`) gets
+    "axis:" in front, as in the CSV, so that no two columns share a header."""
+    return [f"axis:{k}" if k in FIT_COLUMNS else k for k in _axis_keys(report)]
+
+
 def effects_table(report: Report) -> Table:
     header, rows = effect_grid(report)
     table = Table(title="Effects of each axis (asymptote A, or only efficiency B and Cmid)", title_justify="left")
     for name in header:
-        table.add_column(name)
+        table.add_column(Text(name))
     for row in rows:
         table.add_row(*map(Text, row))
     return table
@@ -314,8 +335,8 @@ def _fmt(value: float | None, spec: str) -> str:
 def render_markdown(report: Report) -> str:
     """GitHub-flavoured Markdown: the fit table, the comparisons and the effects."""
     parts = [f"# sweep {report.sweep}", "", _summary(report), "", "## Fits", "", _md_table(*fit_grid(report))]
-    if (predictions := prediction_summary(report)) is not None:
-        parts += ["", predictions]
+    for line in filter(None, (prediction_summary(report), reruns_line(report))):
+        parts += ["", line]
     if report.comparisons:
         parts += ["", "## Comparisons", "", COMPARISON_NOTE, "", _md_table(*comparison_grid(report))]
     if report.effects:
@@ -347,7 +368,7 @@ def _summary(report: Report) -> str:
         f"R0 {opts.r0}, cutoff {opts.cutoff:g}"
     )
     if opts.n_boot:
-        text += f"; lo-hi: {opts.level:.0%} bootstrap intervals ({opts.n_boot} samples)"
+        text += f"; lo-hi: {percent(opts.level)} bootstrap intervals ({opts.n_boot} samples)"
     if opts.fit_until is not None:
         text += f"; predicted: fit up to {opts.fit_until:g}, predicted at {opts.predict_at:g}"
     flagged = "flagged fits are ranked too" if opts.include_flagged else "flagged fits are not ranked"

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from recipe.config import SORT6_MAX_NEW_TOKENS  # noqa: F401 - sort6's cap lives where the launcher reads it
+
 PAD = "<pad>"
 EOS = "</s>"
 SEPARATOR = "+"
@@ -19,9 +21,6 @@ ANSWER_MARK = "="
 DIGITS = tuple(str(d) for d in range(10))
 VOCABULARY = (PAD, EOS, *DIGITS, SEPARATOR, ANSWER_MARK)
 """Every symbol of sort6; the position of a symbol is its token id."""
-
-SORT6_MAX_NEW_TOKENS = 7
-"""Six digits and EOS: a completion that has not ended by then is truncated."""
 
 NUM_NUMBERS = 900
 """3-digit numbers: 100..999."""

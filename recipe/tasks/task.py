@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -159,17 +158,12 @@ def math_split(data: DataConfig) -> tuple[list[MathRow], list[MathRow]]:
     the two sets are disjoint.
     """
     valid_all = read_math_jsonl(data.valid, "data.valid")
-    same = Path(data.train).expanduser().resolve() == Path(data.valid).expanduser().resolve()
+    same = data.same_files()
     train_all = valid_all if same else read_math_jsonl(data.train, "data.train")
     valid_order = _row_order(len(valid_all))
     valid = [valid_all[i] for i in valid_order[: data.num_valid_prompts]]
     if same:
-        if len(valid_all) <= data.num_valid_prompts:
-            raise ConfigError(
-                "data.num_valid_prompts",
-                f"{data.num_valid_prompts} held-out rows leave none of the {len(valid_all)} rows of "
-                f"{data.train} to train on; lower data.num_valid_prompts or give a separate data.valid",
-            )
+        data.check_split(len(valid_all))  # `sweep launch` checks it too (launcher.preflight)
         train = [valid_all[i] for i in valid_order[data.num_valid_prompts :][: data.num_train_prompts]]
     else:
         train = [train_all[i] for i in _row_order(len(train_all))[: data.num_train_prompts]]
