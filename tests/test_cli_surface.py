@@ -29,7 +29,7 @@ SURFACE = {
         "--predict",
     ],  # fmt: skip
     "cancel": [],
-    "logs": ["--stderr", "--stdout", "--follow"],
+    "logs": ["--stderr", "--stdout", "--follow", "--task"],
     "import": ["--sweep", "--compute-axis", "--format"],
     "show": ["--json"],
     "prune": ["--simulate", "--dry-run", "--json", "--compute"],
