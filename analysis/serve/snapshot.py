@@ -1,0 +1,225 @@
+"""What `sweep serve` shows, read from the store: the runs table and each configuration's points,
+fitted sigmoid, band and extrapolation, as one JSON-ready dict per sweep.
+
+Fits are kept by the data they were fitted on, so a new eval point refits only its own
+configuration. On a big sweep every configuration gets its point fit, and the `detail` best (by
+A) also their bootstrap band, extrapolation and share of p_best; the chart draws those curves and
+the other configurations' points as one grey cloud (a thousand sigmoids would be one smear).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from analysis.ranking import ConfigResult, Curve, rank, rank_at_predict
+from analysis.report.build import ReportOptions, _analyse_one, _value, read_configurations
+from store import EvalRecord, RunRecord, Store
+
+GRID_POINTS = 60
+"""Points on which each fitted curve and its band are drawn (log-spaced in compute)."""
+CLOUD_POINTS = 20_000
+"""At most this many points of the undrawn configurations go to the page (evenly thinned)."""
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    compute: str | None = None
+    predict_at: float | None = None
+    """The target compute for extrapolation and p_best; None: the sweep's flops or GPU-hour
+    budget where every run has one, else the largest compute reached so far."""
+    n_boot: int = 100
+    detail: int = 20
+    """Configurations (best by A) that get a band, an extrapolation and a p_best."""
+
+
+class SweepView:
+    """One sweep's page data, refitting only what changed since the last call."""
+
+    def __init__(self, store: Store, sweep: str, options: ServeOptions = ServeOptions()):
+        self.store, self.sweep, self.options = store, sweep, options
+        self._fits: dict[tuple[str, str], ConfigResult] = {}
+        self._detailed: dict[tuple[str, str, float | None], ConfigResult] = {}
+
+    def build(self) -> dict[str, Any]:
+        store, opts = self.store, self.options
+        runs = store.runs(self.sweep)
+        compute, groups, axes_of = read_configurations(store, self.sweep, opts.compute)
+        last = store.last_eval_points(self.sweep)
+        attempts = store.attempt_counts(self.sweep)
+        target = opts.predict_at or _target(runs, last, compute)
+
+        fitted: list[ConfigResult] = []
+        keys: dict[str, str] = {}
+        for label, curves in groups.items():
+            if not any(c.compute for c in curves):
+                continue
+            key = _data_key(curves)
+            keys[label] = key
+            result = self._fits.get((label, key))
+            if result is None:
+                result = _analyse_one((label, axes_of[label], tuple(curves)), ReportOptions(compute=compute, n_boot=0))
+                self._fits[(label, key)] = result
+            fitted.append(result)
+        ranked = rank(fitted)
+        best = [c for c in ranked if c.rank is not None][: opts.detail]
+        detailed = []
+        for c in best:
+            memo = (c.label, keys[c.label], target)
+            full = self._detailed.get(memo)
+            if full is None:
+                full = _analyse_one(
+                    (c.label, c.axes, c.curves),
+                    ReportOptions(compute=compute, n_boot=opts.n_boot, predict_at=target) if target else ReportOptions(compute=compute, n_boot=opts.n_boot),
+                )
+                self._detailed[memo] = full
+            detailed.append(replace(full, rank=c.rank))
+        if target:
+            detailed = rank_at_predict(detailed)
+        by_label = {c.label: c for c in ranked} | {c.label: c for c in detailed}
+        live = {(c.label, keys[c.label]) for c in ranked}
+        self._fits = {k: v for k, v in self._fits.items() if k in live}
+
+        label_of = {c.run: label for label, curves in groups.items() for c in curves}
+        x_max = max((max(c.compute) for cs in groups.values() for c in cs if c.compute), default=1.0)
+        x_hi = max(x_max, target or 0.0)
+        drawn = [_config_json(c, x_hi, detailed=c in detailed) for c in detailed]
+        others = [c for c in ranked if c.label not in {d.label for d in detailed}]
+        cloud = _cloud(others) if len(others) > 0 else None
+        if len(ranked) <= opts.detail:  # small sweep: unranked (flagged) configurations are drawn too
+            drawn += [_config_json(c, x_hi, detailed=False) for c in others]
+            cloud = None
+        return {
+            "sweep": self.sweep,
+            "compute": compute,
+            "predict_at": target,
+            "runs": [_run_json(r, last.get(r.id), attempts.get(r.id, 0), by_label.get(label_of.get(r.id, "")), compute) for r in runs],
+            "configs": drawn,
+            "cloud": cloud,
+            "n_configs": len(ranked),
+        }
+
+    def run_page(self, run_id: str) -> dict[str, Any]:
+        """One run: its train metrics by step, its eval points, attempts and provenance."""
+        store = self.store
+        run = store.get_run(run_id)
+        metrics = store.train_metrics(run.id)
+        names = sorted({k for _, m in metrics for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        series = {
+            name: {"step": [s for s, m in metrics if _num(m.get(name)) is not None], "value": [_num(m.get(name)) for s, m in metrics if _num(m.get(name)) is not None]}
+            for name in names
+        }
+        points = store.eval_points(run.id)
+        attempts = store.attempts(run.id)
+        return {
+            "id": run.id,
+            "sweep": run.sweep,
+            "state": run.state,
+            "reason": run.state_reason,
+            "step": run.step,
+            "axes": run.axes,
+            "budget": run.budget,
+            "run_dir": run.run_dir,
+            "metrics": series,
+            "evals": {
+                "step": [p.step for p in points],
+                "pass_rate": [p.pass_rate for p in points],
+                "flops": [p.flops for p in points],
+                "gpu_hours": [p.gpu_hours for p in points],
+            },
+            "attempts": [
+                {
+                    "number": a.number, "state": a.state, "executor": a.executor, "job_id": a.job_id, "node": a.node,
+                    "reason": a.exit_reason, "resumed_from_step": a.resumed_from_step,
+                    "started_at": a.started_at.isoformat() if a.started_at else None,
+                    "ended_at": a.ended_at.isoformat() if a.ended_at else None,
+                }  # fmt: skip
+                for a in attempts
+            ],
+            "provenance": next((a.provenance for a in reversed(attempts) if a.provenance), None),
+            "config": run.config,
+        }
+
+
+def _target(runs: Sequence[RunRecord], last: Mapping[str, EvalRecord], compute: str) -> float | None:
+    budgets = [r.budget.get(compute) for r in runs]
+    if budgets and all(isinstance(b, (int, float)) and b > 0 for b in budgets):
+        return float(max(budgets))  # type: ignore[type-var]
+    reached = [v for p in last.values() if (v := _value(p, compute)) is not None and v > 0]
+    return max(reached) if reached else None
+
+
+def _data_key(curves: Sequence[Curve]) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for c in curves:
+        digest.update(repr((c.run, c.seed, c.compute, c.pass_rate)).encode())
+    return digest.hexdigest()
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _run_json(run: RunRecord, last: EvalRecord | None, attempts: int, config: ConfigResult | None, compute: str) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "axes": run.axes,
+        "config": config.label if config else None,
+        "state": run.state,
+        "reason": run.state_reason,
+        "step": run.step,
+        "budget_steps": run.budget.get("steps"),
+        "pass_rate": last.pass_rate if last else None,
+        "compute": _value(last, compute) if last else None,
+        "p_best": config.p_best if config else None,
+        "attempts": attempts,
+    }
+
+
+def _config_json(c: ConfigResult, x_hi: float, *, detailed: bool) -> dict[str, Any]:
+    pos = [x for curve in c.curves for x in curve.compute if x > 0]
+    lo = min(pos) if pos else x_hi / 100
+    fit_until = c.extrapolation.fit_until if c.extrapolation else max(pos, default=x_hi)
+    grid = np.geomspace(lo, fit_until, GRID_POINTS)
+    out: dict[str, Any] = {
+        "label": c.label,
+        "axes": c.axes,
+        "rank": c.rank,
+        "p_best": c.p_best,
+        "fit": {k: _num(getattr(c.fit, k)) for k in ("A", "B", "Cmid", "R0")} if c.fit.ok else None,
+        "flags": list(c.fit.flags),
+        "seeds": [{"run": s.run, "seed": s.seed, "x": list(s.compute), "y": list(s.pass_rate)} for s in c.curves],
+        "curve": {"x": grid.tolist(), "y": _clean(c.fit.predict(grid))} if c.fit.ok else None,
+        "band": None,
+        "extrapolation": None,
+    }
+    boot = c.extrapolation.bootstrap if c.extrapolation else c.boot
+    if detailed and boot is not None and c.fit.ok:
+        band_lo, band_hi = boot.band(grid)
+        out["band"] = {"x": grid.tolist(), "lo": _clean(band_lo), "hi": _clean(band_hi)}
+    e = c.extrapolation
+    if e is not None and e.predicts and e.predict_at > fit_until:
+        ahead = np.geomspace(fit_until, e.predict_at, GRID_POINTS // 2)
+        out["extrapolation"] = {
+            "x": ahead.tolist(), "y": _clean(e.fit.predict(ahead)), "predict_at": e.predict_at,
+            "predicted": _num(e.predicted), "band": [_num(e.band.lo), _num(e.band.hi)],
+        }  # fmt: skip
+    return out
+
+
+def _cloud(configs: Sequence[ConfigResult]) -> dict[str, list[float]]:
+    xs = [x for c in configs for s in c.curves for x in s.compute]
+    ys = [y for c in configs for s in c.curves for y in s.pass_rate]
+    stride = max(1, math.ceil(len(xs) / CLOUD_POINTS))
+    return {"x": xs[::stride], "y": ys[::stride]}
+
+
+def _clean(values: Any) -> list[float | None]:
+    return [_num(float(v)) for v in np.asarray(values, dtype=float)]
