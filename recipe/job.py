@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from recipe import provenance
 from recipe.config import read_run_files
 from recipe.storesink import StoreSink
+from recipe.telemetry import trackers
 from store import AttemptState, RunState, Store, StoreError
 
 log = logging.getLogger("recipe")
@@ -89,7 +90,7 @@ def main(run_dir: str | Path) -> RunState | str:
         "run %s (sweep %s), attempt %d, pid %d on %s, store %s",
         run_id, info["sweep"], attempt.number, os.getpid(), socket.gethostname(), store.display_url,
     )  # fmt: skip
-    sink = StoreSink(store, run_id, run_dir, attempt_id=attempt.id)
+    sink = trackers.for_run(StoreSink(store, run_id, run_dir, attempt_id=attempt.id), store, run_id, run_dir, cfg.to_dict())
     from recipe.train import train  # torch is imported here, never by the launcher
 
     try:

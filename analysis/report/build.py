@@ -30,6 +30,7 @@ from analysis import (
     extrapolate,
     fit_curves,
 )
+from analysis.trackers import tracker_links
 from analysis.ranking import ConfigResult, Curve, comparisons, config_label, effects, rank, rank_at_predict
 from store import COMPUTE_AXES, EvalRecord, Store
 
@@ -80,6 +81,8 @@ class Report:
     comparisons: tuple[Comparison, ...] = ()
     effects: tuple[AxisEffect, ...] = ()
     generated_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    trackers: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    """Each run's experiment-tracker entries (the sweep file's `tracking:` block), by run id."""
 
     @property
     def ranked(self) -> list[ConfigResult]:
@@ -97,7 +100,16 @@ def build_report(store: Store, sweep: str, options: ReportOptions = ReportOption
         [(label, axes_of[label], tuple(curves)) for label, curves in groups.items() if any(c.compute for c in curves)],
         options,
     )
-    return finish_report(sweep, options, compute, configs)
+    return replace(finish_report(sweep, options, compute, configs), trackers=run_trackers(store, sweep))
+
+
+def run_trackers(store: Store, sweep: str) -> dict[str, list[dict[str, str]]]:
+    """Links to each run's tracker entries; empty without a `tracking:` block."""
+    record = store.get_sweep(sweep)
+    block = ((record.spec if record else {}).get("grid") or {}).get("tracking")
+    if not block:
+        return {}
+    return {r.id: tracker_links(block, sweep, r.id, r.run_dir) for r in store.runs(sweep)}
 
 
 def read_configurations(
