@@ -199,3 +199,37 @@ def test_serve_names_a_missing_sweep(imported):
     result = CliRunner().invoke(cli, ["--db", imported, "serve", "nosuch"])
     assert result.exit_code == 1
     assert "no sweep named 'nosuch'" in result.output and "paper" in result.output
+
+
+SCREENSHOT = ROOT / "docs" / "figures" / "serve-quickstart.png"
+
+
+@pytest.mark.slow
+def test_the_quickstart_page_shows_four_fitted_curves(browser, sqlite_url, tmp_path):  # noqa: F811
+    """README command 1, then `sweep serve quickstart`: the four runs' curves with their fitted
+    sigmoids. SWEEP_WRITE_FIGURES=1 keeps the screenshot as docs/figures/serve-quickstart.png."""
+    code = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "--db", sqlite_url, "launch", "sweeps/quickstart.yaml", "--cluster", "local", "--wait"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert code.returncode == 0, code.stdout[-3000:] + code.stderr[-3000:]
+    srv = Server(sqlite_url, "quickstart")
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 1100})
+        problems, _ = _watch(page)
+        page.goto(srv.url, wait_until="load")
+        page.wait_for_selector("#runs tbody tr")
+        assert page.locator("#runs tbody tr").count() == 4
+        page.wait_for_function("() => document.getElementById('curves').data !== undefined")
+        fits = page.evaluate(FIT_TRACES)
+        assert len(fits) == 4, fits
+        assert {f.split(":")[0] for f in fits} == {
+            f"length.max_new_tokens={n}, optim.warmup_steps={w}" for n in (9, 13) for w in (20, 80)
+        }
+        assert problems == []
+        shot = tmp_path / "serve-quickstart.png"
+        page.screenshot(path=str(shot), full_page=True)
+        if os.environ.get("SWEEP_WRITE_FIGURES") == "1":
+            SCREENSHOT.write_bytes(shot.read_bytes())
+    finally:
+        srv.close()

@@ -17,12 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from analysis.ranking import ConfigResult, Curve, rank, rank_at_predict
-from analysis.report.build import ReportOptions, _analyse_one, _value, read_configurations
+from analysis.ranking import ConfigResult, Curve, config_label, rank, rank_at_predict
+from analysis.report.build import ReportOptions, _analyse_one, _default_axis, _value, analyse
 from store import EvalRecord, RunRecord, Store
 
 GRID_POINTS = 60
 """Points on which each fitted curve and its band are drawn (log-spaced in compute)."""
+REREAD_ALL_ABOVE = 100
+"""Runs with new points above which the whole sweep's points are read again in one query."""
 CLOUD_POINTS = 20_000
 """At most this many points of the undrawn configurations go to the page (evenly thinned)."""
 
@@ -32,7 +34,8 @@ class ServeOptions:
     compute: str | None = None
     predict_at: float | None = None
     """The target compute for extrapolation and p_best; None: the sweep's flops or GPU-hour
-    budget where every run has one, else the largest compute reached so far."""
+    budget where every run has one, else the largest compute reached so far rounded up to 1, 2
+    or 5 x 10^k."""
     n_boot: int = 100
     detail: int = 20
     """Configurations (best by A) that get a band, an extrapolation and a p_best."""
@@ -45,38 +48,42 @@ class SweepView:
         self.store, self.sweep, self.options = store, sweep, options
         self._fits: dict[tuple[str, str], ConfigResult] = {}
         self._detailed: dict[tuple[str, str, float | None], ConfigResult] = {}
+        self._points: dict[str, list[EvalRecord]] = {}
+        self._newest: dict[str, tuple[Any, ...]] = {}
 
     def build(self) -> dict[str, Any]:
         store, opts = self.store, self.options
         runs = store.runs(self.sweep)
-        compute, groups, axes_of = read_configurations(store, self.sweep, opts.compute)
         last = store.last_eval_points(self.sweep)
+        points = self._read_points(last)
+        compute = opts.compute or _default_axis(points)
         attempts = store.attempt_counts(self.sweep)
         target = opts.predict_at or _target(runs, last, compute)
 
-        fitted: list[ConfigResult] = []
-        keys: dict[str, str] = {}
-        for label, curves in groups.items():
-            if not any(c.compute for c in curves):
-                continue
-            key = _data_key(curves)
-            keys[label] = key
-            result = self._fits.get((label, key))
-            if result is None:
-                result = _analyse_one((label, axes_of[label], tuple(curves)), ReportOptions(compute=compute, n_boot=0))
-                self._fits[(label, key)] = result
-            fitted.append(result)
-        ranked = rank(fitted)
+        groups: dict[str, list[Curve]] = {}
+        axes_of: dict[str, dict[str, Any]] = {}
+        for run in runs:  # as analysis.report.build.read_configurations, from the points kept here
+            axes = {k: v for k, v in run.axes.items() if k != "seed"}
+            label = config_label(axes) or run.id
+            xy = [(x, p.pass_rate) for p in points.get(run.id, []) if (x := _value(p, compute)) is not None]
+            groups.setdefault(label, []).append(
+                Curve(run.id, run.axes.get("seed"), run.state, tuple(x for x, _ in xy), tuple(y for _, y in xy))
+            )
+            axes_of[label] = axes
+        keys = {label: _data_key(curves) for label, curves in groups.items() if any(c.compute for c in curves)}
+        missing = [(label, axes_of[label], tuple(groups[label])) for label, key in keys.items() if (label, key) not in self._fits]
+        for result in analyse(missing, ReportOptions(compute=compute, n_boot=0)):  # a process pool when many
+            self._fits[(result.label, keys[result.label])] = result
+        ranked = rank([self._fits[(label, key)] for label, key in keys.items()])
         best = [c for c in ranked if c.rank is not None][: opts.detail]
         detailed = []
         for c in best:
             memo = (c.label, keys[c.label], target)
             full = self._detailed.get(memo)
             if full is None:
-                full = _analyse_one(
-                    (c.label, c.axes, c.curves),
-                    ReportOptions(compute=compute, n_boot=opts.n_boot, predict_at=target) if target else ReportOptions(compute=compute, n_boot=opts.n_boot),
-                )
+                # with a target the band is the extrapolation's own bootstrap (EXTRAPOLATION_BOOT replicates)
+                detail = ReportOptions(compute=compute, n_boot=0, predict_at=target) if target else ReportOptions(compute=compute, n_boot=opts.n_boot)
+                full = _analyse_one((c.label, c.axes, c.curves), detail)
                 self._detailed[memo] = full
             detailed.append(replace(full, rank=c.rank))
         if target:
@@ -103,6 +110,21 @@ class SweepView:
             "cloud": cloud,
             "n_configs": len(ranked),
         }
+
+    def _read_points(self, last: Mapping[str, EvalRecord]) -> dict[str, list[EvalRecord]]:
+        """Every run's eval points; after the first call only the runs whose newest point moved
+        are read again (the whole sweep when many did)."""
+        newest = {run: (p.step, p.pass_rate, p.flops, p.gpu_hours) for run, p in last.items()}
+        changed = [run for run, key in newest.items() if self._newest.get(run) != key]
+        if not self._newest or len(changed) > REREAD_ALL_ABOVE:
+            self._points = self.store.sweep_eval_points(self.sweep)
+        else:
+            for run in changed:
+                self._points[run] = self.store.eval_points(run)
+        for run in set(self._points) - set(newest):  # every point of the run was dropped
+            del self._points[run]
+        self._newest = newest
+        return self._points
 
     def run_page(self, run_id: str) -> dict[str, Any]:
         """One run: its train metrics by step, its eval points, attempts and provenance."""
@@ -151,7 +173,14 @@ def _target(runs: Sequence[RunRecord], last: Mapping[str, EvalRecord], compute: 
     if budgets and all(isinstance(b, (int, float)) and b > 0 for b in budgets):
         return float(max(budgets))  # type: ignore[type-var]
     reached = [v for p in last.values() if (v := _value(p, compute)) is not None and v > 0]
-    return max(reached) if reached else None
+    return _round_up(max(reached)) if reached else None
+
+
+def _round_up(value: float) -> float:
+    """The next of 1, 2, 5 x 10^k at or above `value`: a target that moves rarely as runs advance
+    (each move refits every detailed configuration)."""
+    decade = 10 ** math.floor(math.log10(value))
+    return next(m * decade for m in (1, 2, 5, 10) if m * decade >= value * (1 - 1e-12))
 
 
 def _data_key(curves: Sequence[Curve]) -> str:
