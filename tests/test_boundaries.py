@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "vllm", "deepspeed", "transformers")
 CONTROL_PLANE = [
     "launcher.cli", "launcher.local", "launcher.preflight", "analysis.report.build", "analysis.report.render",
-    "store", "analysis", "recipe.config", "recipe.math", "recipe.provenance",
+    "store", "analysis", "analysis.serve.app", "recipe.config", "recipe.math", "recipe.provenance",
 ]  # fmt: skip
 
 

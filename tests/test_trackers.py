@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,25 @@ def test_an_unknown_tracking_key_names_the_file_and_the_closest_key(sweep_file, 
 def test_no_tracking_block_leaves_the_sink_alone(tmp_path):
     inner = MemorySink()
     assert mirrored(inner, None, sweep="s", run_id="r", run_dir=tmp_path, config={}, axes={}) is inner
+
+
+def test_online_wandb_without_a_network_falls_back_to_offline(tmp_path, monkeypatch, caplog):
+    """A compute node without network: the online run cannot start, the mirror logs offline."""
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "20")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    inner = MemorySink()
+    with caplog.at_level(logging.WARNING, logger="recipe"):
+        sink = mirrored(inner, {"wandb": {"project": "p"}}, sweep="s", run_id="abc123", run_dir=tmp_path, config={}, axes={})
+        assert isinstance(sink, Mirror) and len(sink.trackers) == 1
+        sink.train_metrics(1, {"loss": 0.5})
+        sink.close()
+    assert inner.metrics == {1: {"loss": 0.5}}
+    assert any("logging offline for a later `wandb sync`" in r.getMessage() for r in caplog.records)
+    (run_file,) = (tmp_path / "wandb").glob("offline-run-*/run-abc123.wandb")
+    deadline = time.monotonic() + 30
+    while not (rows := wandb_history(run_file)[1]) and time.monotonic() < deadline:
+        time.sleep(0.5)  # W&B's service writes the file on its own after finish() returns
+    run_id, rows, _ = wandb_history(run_file)
+    assert run_id == "abc123" and rows[-1]["train/loss"] == 0.5

@@ -169,9 +169,9 @@ class SweepView:
 
 
 def _target(runs: Sequence[RunRecord], last: Mapping[str, EvalRecord], compute: str) -> float | None:
-    budgets = [r.budget.get(compute) for r in runs]
-    if budgets and all(isinstance(b, (int, float)) and b > 0 for b in budgets):
-        return float(max(budgets))  # type: ignore[type-var]
+    budgets = [b for r in runs if isinstance(b := r.budget.get(compute), (int, float)) and b > 0]
+    if runs and len(budgets) == len(runs):
+        return float(max(budgets))
     reached = [v for p in last.values() if (v := _value(p, compute)) is not None and v > 0]
     return _round_up(max(reached)) if reached else None
 
@@ -244,10 +244,17 @@ def _config_json(c: ConfigResult, x_hi: float, *, detailed: bool) -> dict[str, A
 
 
 def _cloud(configs: Sequence[ConfigResult]) -> dict[str, list[float]]:
-    xs = [x for c in configs for s in c.curves for x in s.compute]
-    ys = [y for c in configs for s in c.curves for y in s.pass_rate]
-    stride = max(1, math.ceil(len(xs) / CLOUD_POINTS))
-    return {"x": xs[::stride], "y": ys[::stride]}
+    """The points of configurations not drawn as curves, thinned evenly to about CLOUD_POINTS;
+    each run's newest point is always kept (it is what moved)."""
+    curves = [s for c in configs for s in c.curves if s.compute]
+    stride = max(1, math.ceil(sum(len(s.compute) for s in curves) / CLOUD_POINTS))
+    xs: list[float] = []
+    ys: list[float] = []
+    for s in curves:
+        keep = list(range(len(s.compute) - 1, -1, -stride))
+        xs += [s.compute[i] for i in keep]
+        ys += [s.pass_rate[i] for i in keep]
+    return {"x": xs, "y": ys}
 
 
 def _clean(values: Any) -> list[float | None]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import logging
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ class WandbTracker(Tracker):
             name=run_id, job_type="scalesweep-run", config=config, dir=str(run_dir), reinit="create_new",
         )  # fmt: skip
         settings = wandb.Settings(
-            init_timeout=60, silent=True, console="off", x_disable_stats=True, x_disable_machine_info=True,
+            init_timeout=float(os.environ.get("WANDB_INIT_TIMEOUT", "60")), silent=True, console="off", x_disable_stats=True, x_disable_machine_info=True,
             disable_git=True, save_code=False, x_save_requirements=False,
         )  # fmt: skip
         try:
@@ -71,6 +72,7 @@ class WandbTracker(Tracker):
             if options["mode"] == "offline":
                 raise
             log.warning("W&B: online run failed to start (%s); logging offline for a later `wandb sync`", exc)
+            wandb.teardown()  # the failed run keeps its id in the W&B service otherwise
             self.run = wandb.init(mode="offline", settings=settings, **kwargs)
         self.run.define_metric("step")
         self.run.define_metric("train/*", step_metric="step")
