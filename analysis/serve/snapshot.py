@@ -50,6 +50,7 @@ class SweepView:
         self._detailed: dict[tuple[str, str, float | None], ConfigResult] = {}
         self._points: dict[str, list[EvalRecord]] = {}
         self._newest: dict[str, tuple[Any, ...]] = {}
+        self._curves: dict[str, tuple[Any, Curve]] = {}
 
     def build(self) -> dict[str, Any]:
         store, opts = self.store, self.options
@@ -62,15 +63,22 @@ class SweepView:
 
         groups: dict[str, list[Curve]] = {}
         axes_of: dict[str, dict[str, Any]] = {}
+        curve_keys: dict[str, list[Any]] = {}
+        curves_now: dict[str, tuple[Any, Curve]] = {}
         for run in runs:  # as analysis.report.build.read_configurations, from the points kept here
             axes = {k: v for k, v in run.axes.items() if k != "seed"}
             label = config_label(axes) or run.id
-            xy = [(x, p.pass_rate) for p in points.get(run.id, []) if (x := _value(p, compute)) is not None]
-            groups.setdefault(label, []).append(
-                Curve(run.id, run.axes.get("seed"), run.state, tuple(x for x, _ in xy), tuple(y for _, y in xy))
-            )
+            key = (self._newest.get(run.id), run.state, run.axes.get("seed"), compute)
+            kept = self._curves.get(run.id)
+            if kept is None or kept[0] != key:  # only the runs that moved are rebuilt
+                xy = [(x, p.pass_rate) for p in points.get(run.id, []) if (x := _value(p, compute)) is not None]
+                kept = (key, Curve(run.id, run.axes.get("seed"), run.state, tuple(x for x, _ in xy), tuple(y for _, y in xy)))
+            curves_now[run.id] = kept
+            groups.setdefault(label, []).append(kept[1])
+            curve_keys.setdefault(label, []).append((run.id, key))
             axes_of[label] = axes
-        keys = {label: _data_key(curves) for label, curves in groups.items() if any(c.compute for c in curves)}
+        self._curves = curves_now
+        keys = {label: _data_key(curve_keys[label]) for label, curves in groups.items() if any(c.compute for c in curves)}
         missing = [(label, axes_of[label], tuple(groups[label])) for label, key in keys.items() if (label, key) not in self._fits]
         for result in analyse(missing, ReportOptions(compute=compute, n_boot=0)):  # a process pool when many
             self._fits[(result.label, keys[result.label])] = result
@@ -91,12 +99,14 @@ class SweepView:
         by_label = {c.label: c for c in ranked} | {c.label: c for c in detailed}
         live = {(c.label, keys[c.label]) for c in ranked}
         self._fits = {k: v for k, v in self._fits.items() if k in live}
+        self._detailed = {k: v for k, v in self._detailed.items() if (k[0], k[1]) in live and k[2] == target}
 
         label_of = {c.run: label for label, curves in groups.items() for c in curves}
         x_max = max((max(c.compute) for cs in groups.values() for c in cs if c.compute), default=1.0)
         x_hi = max(x_max, target or 0.0)
-        drawn = [_config_json(c, x_hi, detailed=c in detailed) for c in detailed]
-        others = [c for c in ranked if c.label not in {d.label for d in detailed}]
+        drawn = [_config_json(c, x_hi, detailed=True) for c in detailed]
+        shown = {d.label for d in detailed}
+        others = [c for c in ranked if c.label not in shown]
         cloud = _cloud(others) if len(others) > 0 else None
         if len(ranked) <= opts.detail:  # small sweep: unranked (flagged) configurations are drawn too
             drawn += [_config_json(c, x_hi, detailed=False) for c in others]
@@ -183,11 +193,9 @@ def _round_up(value: float) -> float:
     return next(m * decade for m in (1, 2, 5, 10) if m * decade >= value * (1 - 1e-12))
 
 
-def _data_key(curves: Sequence[Curve]) -> str:
-    digest = hashlib.blake2b(digest_size=16)
-    for c in curves:
-        digest.update(repr((c.run, c.seed, c.compute, c.pass_rate)).encode())
-    return digest.hexdigest()
+def _data_key(curve_keys: Sequence[Any]) -> str:
+    """A configuration's data, as the (run, newest point, state, seed) of each of its runs."""
+    return hashlib.blake2b(repr(curve_keys).encode(), digest_size=16).hexdigest()
 
 
 def _num(value: Any) -> float | None:
