@@ -7,8 +7,9 @@ Each round trains the tiny built-in sort6 model (4 prompts x 4 generations a ste
 20 steps, one CPU thread) from scratch in a fresh run directory, once per variant, in turn, into
 an in-memory sink (recipe.sink.MemorySink) wrapped by recipe.telemetry.trackers.mirrored as a job
 wraps its store sink. Timed: the whole `train` call after the mirror is built (every step, eval
-and checkpoint, the trackers' writes included); W&B's start (its service process) is timed
-apart. Prints a Markdown table of the median steps/s over rounds, and the ratio to no tracker.
+and checkpoint, the trackers' writes included), and apart from it the time spent inside the
+trackers' calls (a precise figure where the steps/s of a shared machine are noisy); W&B's start
+(its service process) is timed apart. Prints a Markdown table of medians over rounds.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ def main() -> None:
         "checkpoint": {"every": 1000}, "budget": {"steps": args.steps},
     })  # fmt: skip
     rates: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    inside: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    first: dict[str, list[float]] = {name: [] for name in VARIANTS}
     starts: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
@@ -65,6 +68,19 @@ def main() -> None:
                                 run_dir=run_dir, config=cfg.to_dict(), axes={})  # fmt: skip
                 if block and "wandb" in block:
                     starts.append(time.perf_counter() - t0)
+                spent = [0.0, -1.0]  # [all calls after the first, the first (a lazy import and open)]
+                if hasattr(sink, "_each"):  # time inside the trackers' calls, apart from the noise of the whole step
+                    each = sink._each
+
+                    def timed(*a, each=each, spent=spent):  # type: ignore[no-untyped-def]
+                        t = time.perf_counter()
+                        each(*a)
+                        if spent[1] < 0:
+                            spent[1] = time.perf_counter() - t
+                        else:
+                            spent[0] += time.perf_counter() - t
+
+                    sink._each = timed
                 t0 = time.perf_counter()
                 outcome = train(cfg, run_dir, sink, log=lambda _msg: None)
                 if hasattr(sink, "flush"):
@@ -74,13 +90,16 @@ def main() -> None:
                     sink.close()
                 assert outcome.final_step == args.steps
                 rates[name].append(args.steps / elapsed)
+                inside[name].append(spent[0] / args.steps)
+                first[name].append(max(spent[1], 0.0))
     base = statistics.median(rates["none"])
     print(f"machine: {platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores; {time.strftime('%Y-%m-%d')}; "
           f"{args.rounds} rounds of {args.steps} steps")  # fmt: skip
-    print("\n| trackers | steps/s (median) | ratio to none |")
-    print("|---|---|---|")
+    print("\n| trackers | steps/s (median) | ratio to none | time in the trackers per step | share of a step | first call (once) |")
+    print("|---|---|---|---|---|---|")
     for name, values in rates.items():
-        print(f"| {name} | {statistics.median(values):.2f} | {statistics.median(values) / base:.3f} |")
+        rate, cost = statistics.median(values), statistics.median(inside[name])
+        print(f"| {name} | {rate:.2f} | {rate / base:.3f} | {cost * 1e3:.2f} ms | {cost * base:.1%} | {statistics.median(first[name]):.2f} s |")
     print(f"\nW&B start (wandb.init, offline): median {statistics.median(starts):.1f} s, once per attempt, not in the steps/s")
     print("all rounds (steps/s): " + "; ".join(f"{n}: {', '.join(f'{v:.2f}' for v in vs)}" for n, vs in rates.items()))
 
