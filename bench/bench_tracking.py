@@ -7,8 +7,9 @@ Each round trains the tiny built-in sort6 model (4 prompts x 4 generations a ste
 20 steps, one CPU thread) from scratch in a fresh run directory, once per variant, in turn, into
 an in-memory sink (recipe.sink.MemorySink) wrapped by recipe.telemetry.trackers.mirrored as a job
 wraps its store sink. Timed: the whole `train` call after the mirror is built (every step, eval
-and checkpoint, the trackers' writes included), and apart from it the time spent inside the
-trackers' calls (a precise figure where the steps/s of a shared machine are noisy); W&B's start
+and checkpoint, the trackers' writes included), and apart from it the time the training thread
+spends handing values to the trackers (they run in a thread of their own; a precise figure where
+the steps/s of a shared machine are noisy); W&B's start
 (its service process) is timed apart. Prints a Markdown table of medians over rounds.
 """
 
