@@ -67,7 +67,8 @@ def rank(configs: Sequence[ConfigResult], *, include_flagged: bool = False) -> l
     """Ranked configurations first (by A, then B, higher first), then the unranked ones."""
     eligible = [c for c in configs if c.fit.ok and (include_flagged or not c.fit.flags)]
     ranked = sorted(eligible, key=lambda c: (-c.fit.A, -c.fit.B))
-    rest = [replace(c, rank=None) for c in configs if c not in eligible]
+    chosen = {id(c) for c in eligible}  # by identity: comparing dataclasses made this quadratic
+    rest = [replace(c, rank=None) for c in configs if id(c) not in chosen]
     return [replace(c, rank=i + 1) for i, c in enumerate(ranked)] + rest
 
 

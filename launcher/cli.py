@@ -547,6 +547,21 @@ def report_cmd(
     click.echo(f"wrote {report_file}{len(plots)} plots into {out}")
 
 
+@cli.command("serve")
+@click.argument("sweep", required=False)
+@click.option("--port", type=click.IntRange(1, 65535), default=8050, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Any other address needs the token printed at start.")
+@click.option("--compute", type=click.Choice(COMPUTE_AXES), default=None, help="Compute axis [default: as report].")
+@click.option("--predict", "predict_at", type=ComputeAmount(), default=None, help="Target compute of the extrapolations and p_best.")
+@click.pass_context
+@_errors
+def serve_cmd(ctx: click.Context, sweep: str | None, port: int, host: str, compute: str | None, predict_at: tuple[float, bool] | None) -> None:
+    """A live page of the sweep's runs, curves and fits in the browser (every sweep without SWEEP)."""
+    from analysis.serve.cli import serve_command
+
+    serve_command(_store(ctx), sweep and _sweep_name(_store(ctx), sweep), host, port, compute, predict_at and predict_at[0])
+
+
 @cli.command("import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--sweep", "sweep", required=True, help="Sweep to import into (created if it does not exist).")

@@ -22,7 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from launcher.yamlfile import YamlError, load_file, load_text
-from recipe.config import ConfigError, RecipeConfig, canonical_json, check_value, closest, flatten, resolve
+from recipe.config import (
+    ConfigError,
+    RecipeConfig,
+    canonical_json,
+    check_value,
+    closest,
+    flatten,
+    resolve,
+    tracking_block,
+)
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # matched with fullmatch: `$` would allow "\n"
 MAX_RUNS = 20_000
@@ -32,6 +41,7 @@ NOT_AXES = {"seed": "seeds are the top-level `seeds:` list", "budget": "a sweep'
 """Recipe keys that sweep files set elsewhere: as an axis or in `recipe:` they would be overwritten."""
 TOP_LEVEL_KEYS = (
     "name", "description", "recipe", "grid", "zip", "ablate", "exclude", "seeds", "budget", "resources", "prune",
+    "tracking",
 )  # fmt: skip
 # The `prune:` block (scaling-aware pruning, analysis/pruning.py): key -> (type, lowest, highest,
 # whether the lowest is allowed). `every` >= 0.001: at most 1,000 judgment points (MAX_JUDGMENTS).
@@ -216,6 +226,10 @@ def _validate(path: Path, raw: dict[str, Any]) -> SweepSpec:
     seeds = _seeds(path, raw.get("seeds", [0]))
     resources = _resources(path, _mapping(path, raw, "resources"))
     _prune(path, _mapping(path, raw, "prune"))
+    try:
+        tracking_block(raw.get("tracking"))
+    except ConfigError as exc:
+        raise GridError(path, exc.key, exc.detail) from None
 
     varied = list(grid)
     for i, group in enumerate(zips):

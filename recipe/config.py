@@ -480,6 +480,51 @@ def flatten(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Experiment trackers: a sweep file's top-level `tracking:` block (not part of a run's config, so
+# turning a tracker on changes no run id); recipe/telemetry/trackers.py mirrors each run to them.
+
+TRACKING_KEYS = ("wandb", "tensorboard")
+WANDB_KEYS = ("project", "entity", "mode")
+WANDB_MODES = ("online", "offline")
+
+
+def tracking_block(raw: Any) -> dict[str, Any]:
+    """The `tracking:` block, checked and filled in: {"wandb": {project, entity, mode} or None,
+    "tensorboard": bool}. `wandb: true` takes the defaults (project scalesweep, online)."""
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ConfigError("tracking", f"{raw!r} must be a mapping with keys {', '.join(TRACKING_KEYS)}")
+    _known("tracking", raw, TRACKING_KEYS)
+    wandb = raw.get("wandb") or None
+    if wandb is True:
+        wandb = {}
+    if wandb is not None:
+        if not isinstance(wandb, dict):
+            raise ConfigError("tracking.wandb", f"{wandb!r} must be true, false or a mapping with keys {', '.join(WANDB_KEYS)}")
+        _known("tracking.wandb", wandb, WANDB_KEYS)
+        for key in ("project", "entity"):
+            if wandb.get(key) is not None and not (isinstance(wandb[key], str) and wandb[key].strip()):
+                raise ConfigError(f"tracking.wandb.{key}", f"{wandb[key]!r} must be a non-empty string")
+        mode = wandb.get("mode", "online")
+        if mode not in WANDB_MODES:
+            raise ConfigError("tracking.wandb.mode", f"invalid value {mode!r}; allowed: {', '.join(WANDB_MODES)}")
+        wandb = {"project": wandb.get("project") or "scalesweep", "entity": wandb.get("entity"), "mode": mode}
+    tensorboard = raw.get("tensorboard", False)
+    if not isinstance(tensorboard, bool):
+        raise ConfigError("tracking.tensorboard", f"invalid value {tensorboard!r}; allowed: true, false")
+    return {"wandb": wandb, "tensorboard": tensorboard}
+
+
+def _known(where: str, mapping: dict[str, Any], allowed: tuple[str, ...]) -> None:
+    for key in mapping:
+        if key not in allowed:
+            hint = closest(str(key), allowed)
+            raise ConfigError(
+                f"{where}.{key}", f"unknown key{f' (did you mean {hint!r}?)' if hint else ''}; allowed: {', '.join(allowed)}"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
 # Run directories: the launcher writes them, `python -m recipe RUN_DIR` reads them.
 #
 # RUN_DIR/config.yaml   the resolved RecipeConfig

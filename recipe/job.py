@@ -29,7 +29,7 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from recipe.config import read_run_files
-from recipe.telemetry import provenance
+from recipe.telemetry import provenance, trackers
 from recipe.telemetry.store_sink import StoreSink
 from store import AttemptState, RunState, Store, StoreError
 
@@ -92,7 +92,7 @@ def main(run_dir: str | Path) -> RunState | str:
         "run %s (sweep %s), attempt %d, pid %d on %s, store %s",
         run_id, info["sweep"], attempt.number, os.getpid(), socket.gethostname(), store.display_url,
     )  # fmt: skip
-    sink = StoreSink(store, run_id, run_dir, attempt_id=attempt.id)
+    sink = trackers.for_run(StoreSink(store, run_id, run_dir, attempt_id=attempt.id), store, run_id, run_dir, cfg.to_dict())
     from recipe.loop.train import train  # torch is imported here, never by the launcher
 
     try:

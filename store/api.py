@@ -677,6 +677,21 @@ class Store:
             rows = _newest_per_run(s, EvalPoint, EvalPoint.step, sweep, _EVAL_COLUMNS)
             return {r[0]: _eval_row(r) for r in rows}
 
+    def sweep_stamp(self, sweep: str) -> tuple[Any, ...]:
+        """A cheap fingerprint of the sweep's runs and eval points: it changes whenever a run's
+        state or step changes or an eval point is written or dropped (`sweep serve` polls it)."""
+        with self._read(f"fingerprinting {sweep!r}") as s:
+            runs = select(Run.id).join(Sweep).where(Sweep.name == sweep).scalar_subquery()
+            run_part = s.execute(
+                select(func.count(), func.max(Run.updated_at), func.sum(Run.step)).join(Sweep).where(Sweep.name == sweep)
+            ).one()
+            eval_part = s.execute(
+                select(func.count(), func.max(EvalPoint.id), func.max(EvalPoint.created_at)).where(
+                    EvalPoint.run_id.in_(runs)
+                )
+            ).one()
+            return (*run_part, *eval_part)
+
     def delete_eval_points_after(self, run_id: str, step: int) -> int:
         """Forget eval points past `step`: they belong to a trajectory that a resume abandons."""
         with self._write(f"trimming eval points of run {run_id}") as s:

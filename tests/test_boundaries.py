@@ -17,7 +17,7 @@ LAUNCHER_IMPORTS_FROM_RECIPE = {"recipe.config", "recipe.tasks.math.data", "reci
 """The part of recipe/ the launcher may import (the job function hands over to the rest inside the job)."""
 CONTROL_PLANE = [
     "launcher.cli", "launcher.local", "launcher.preflight", "analysis.report.build", "analysis.report.render",
-    "store", "analysis", *sorted(LAUNCHER_IMPORTS_FROM_RECIPE),
+    "store", "analysis", "analysis.serve.app", *sorted(LAUNCHER_IMPORTS_FROM_RECIPE),
     "recipe.tasks.math.score",  # the math workers' pool; math-verify runs in the worker processes
     "recipe.pipeline.rendezvous",  # stdlib only: tests and engines take free_port from it
 ]  # fmt: skip

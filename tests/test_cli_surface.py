@@ -34,6 +34,7 @@ SURFACE = {
     "show": ["--json"],
     "prune": ["--simulate", "--dry-run", "--json", "--compute"],
     "rerun": ["--seed"],
+    "serve": ["--port", "--host", "--compute", "--predict"],
 }
 
 

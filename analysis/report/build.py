@@ -31,6 +31,7 @@ from analysis import (
     extrapolate,
     fit_curves,
 )
+from analysis.trackers import tracker_links
 from analysis.ranking import ConfigResult, Curve, comparisons, config_label, effects, rank, rank_at_predict
 from store import COMPUTE_AXES, EvalRecord, Store, same_seed_reruns
 
@@ -91,6 +92,8 @@ class Report:
     generated_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     reruns: dict[str, str] = field(default_factory=dict)
     """Same-seed reruns kept out of the fits: {rerun id: the run it reproduces} (split_reruns)."""
+    trackers: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    """Each run's experiment-tracker entries (the sweep file's `tracking:` block), by run id."""
 
     @property
     def ranked(self) -> list[ConfigResult]:
@@ -114,7 +117,9 @@ def build_report(store: Store, sweep: str, options: ReportOptions = ReportOption
         [(label, axes_of[label], tuple(curves)) for label, curves in groups.items() if any(c.compute for c in curves)],
         options,
     )
-    return replace(finish_report(sweep, options, compute, configs), reruns=reruns)
+    return replace(
+        finish_report(sweep, options, compute, configs), reruns=reruns, trackers=run_trackers(store, sweep)
+    )
 
 
 def require_data(store: Store, sweep: str, compute: str, groups: dict[str, list[Curve]]) -> None:
@@ -144,6 +149,15 @@ def split_reruns(store: Store, sweep: str, groups: dict[str, list[Curve]]) -> tu
     reruns = same_seed_reruns(store.runs(sweep))
     kept = {label: [c for c in curves if c.run not in reruns] for label, curves in groups.items()}
     return {label: curves for label, curves in kept.items() if curves}, reruns
+
+
+def run_trackers(store: Store, sweep: str) -> dict[str, list[dict[str, str]]]:
+    """Links to each run's tracker entries; empty without a `tracking:` block."""
+    record = store.get_sweep(sweep)
+    block = ((record.spec if record else {}).get("grid") or {}).get("tracking")
+    if not block:
+        return {}
+    return {r.id: tracker_links(block, sweep, r.id, r.run_dir) for r in store.runs(sweep)}
 
 
 def read_configurations(

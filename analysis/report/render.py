@@ -455,6 +455,8 @@ def render_html(report: Report, plots: Sequence[Plot]) -> str:
     if report.effects:
         body += ["<h2>Effects of each axis</h2>", f"<p>{html.escape(EFFECT_NOTE)}</p>"]
         body.append(_html_table(*effect_grid(report), table_id="effects"))
+    if report.trackers:
+        body += ["<h2>Experiment trackers</h2>", _html_trackers(report)]
     if plots:
         body += ["<h2>Plots</h2>", '<div class="plots">', *map(_html_figure, plots), "</div>"]
     return (
@@ -502,6 +504,15 @@ def _html_fit_table(report: Report, plots: Sequence[Plot]) -> str:
         )
     out.append("</table>")
     return "\n".join(out)
+
+
+def _html_trackers(report: Report) -> str:
+    label_of = {run: c.label for c in report.configs for run in c.runs}
+    lines = ['<table id="trackers">', _html_row(["run", "configuration", "trackers"], "th")]
+    for run, links in report.trackers.items():
+        anchors = " ".join(f'<a href="{html.escape(link["href"])}">{html.escape(link["label"])}</a>' for link in links)
+        lines.append(f"<tr><td>{html.escape(run)}</td><td>{html.escape(label_of.get(run, ''))}</td><td>{anchors}</td></tr>")
+    return "\n".join([*lines, "</table>"])
 
 
 def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, table_id: str) -> str:
