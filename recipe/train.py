@@ -307,11 +307,8 @@ def finish_reason(state: RunState) -> str | None:
 
 
 def is_eval_step(step: int, cfg: RecipeConfig) -> bool:
-    """Step 0, powers of two below `eval.every` (if log-spaced), then multiples of `eval.every`."""
-    every = cfg.eval.every
-    if step % every == 0:
-        return True
-    return cfg.eval.log_spaced and step < every and step & (step - 1) == 0
+    """See `EvalConfig.evaluates`."""
+    return cfg.eval.evaluates(step)
 
 
 # ---------------------------------------------------------------------------------------------
