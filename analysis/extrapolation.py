@@ -4,7 +4,7 @@ The paper's use of the curve: fit to half the budget (8k of 16k GPU-hours; 50k o
 extend. Once the run reaches C2 the prediction is checked against what was measured there.
 
 The paper claims such predictions for stable recipes only. A configuration whose fitted window
-is unstable (some seed falls below its running maximum by more than the noise allows,
+is unstable (some seed falls below its running maximum by more than its eval noise allows,
 `analysis.diagnostics.unstable_drop`) or whose window cannot be fitted gets no prediction: the
 Extrapolation says why (`withheld`) and its predicted value is NaN.
 """
