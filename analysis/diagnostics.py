@@ -70,8 +70,9 @@ def max_drawdown(pass_rate: ArrayLike) -> float:
 def unstable_drop(pass_rate: ArrayLike, *, margin: float = 1.0, min_drop: float = 0.02) -> float | None:
     """How far an unstable series falls below its best, or None for a stable one.
 
-    The series is smoothed by a moving average over 2 points (a single noisy eval moves it half
-    as much); it is unstable when the smoothed series falls below its running maximum by more
+    The series is smoothed by a running median of 3 points (a single eval off the curve, a noisy
+    draw or a one-step transient of the policy that the next eval no longer shows, does not move
+    it; a fall that lasts two evals does); it is unstable when the smoothed series falls below its running maximum by more
     than `noise_drawdown(n, s)` anywhere, not only at its end: a dip and a recovery count, since
     the sigmoid assumes a monotone rise and neither a fit nor its extrapolation holds across a
     dip. s is the eval noise estimated from the series itself (`curvature_noise_sd`), so the drop
@@ -84,19 +85,28 @@ def unstable_drop(pass_rate: ArrayLike, *, margin: float = 1.0, min_drop: float 
     y = np.asarray(pass_rate, dtype=float)
     if y.size < 4:
         return None
-    drop = max_drawdown(np.convolve(y, np.full(2, 0.5), mode="valid"))
+    drop = max_drawdown(running_median3(y))
     threshold = max(noise_drawdown(y.size, curvature_noise_sd(y), margin=margin), min_drop)
     return drop if drop > threshold else None
 
 
+def running_median3(y: np.ndarray) -> np.ndarray:
+    """The median of each point and its two neighbours; the two end points are kept."""
+    if y.size < 3:
+        return y.copy()
+    out = y.copy()
+    out[1:-1] = np.median(np.stack([y[:-2], y[1:-1], y[2:]]), axis=0)
+    return out
+
+
 def noise_drawdown(n: int, sd: float, *, margin: float = 1.0) -> float:
-    """The largest drawdown of a 2-point moving average that white noise of `sd` plausibly gives
+    """The largest drawdown of a running median of 3 that white noise of `sd` plausibly gives
     over n points: (2 sqrt(2 ln n) + margin) sd.
 
-    The drawdown is the largest difference of two smoothed points, each ~sd/sqrt(2) from the curve;
+    The drawdown is the largest difference of two smoothed points, each ~0.67 sd from the curve;
     the extreme of n of them lies about sqrt(2 ln n) of their sds out, on either side. Measured on
     white noise (with sd estimated by `curvature_noise_sd`, as the rule does), the 99.9th percentile
-    of drawdown / sd is 6.4 at n = 60 and 5.8 at n = 120, against 6.7 and 7.2 here.
+    of drawdown / sd is below 6.4 at n = 60 and 5.8 at n = 120, against 6.7 and 7.2 here.
     """
     return (2.0 * math.sqrt(2.0 * math.log(max(n, 2))) + margin) * sd
 

@@ -124,4 +124,4 @@ def test_cli_on_a_sweep_without_points_is_one_line(tmp_path):
     store.register_runs("empty", [NewRun("r-0", 0, {}, {"seed": 0}, {}, "/nowhere")])
     result = CliRunner().invoke(cli, ["--db", url, "report", "empty", "--backtest", "--out", str(tmp_path)])
     assert result.exit_code == 1
-    assert "no evaluation points" in result.output and "Traceback" not in result.output
+    assert "no completed configuration with evaluation points" in result.output and "Traceback" not in result.output

@@ -21,21 +21,22 @@ from analysis.backtest import Backtest, BacktestOptions, CutSummary, backtest
 from analysis.options import FitOptions
 from analysis.report.build import read_configurations
 from analysis.report.plots import _new_figure, to_png
-from store import Store
+from store import RunState, Store
 
 SCHEMA = "scalesweep.backtest/1"
 
 
 def sweep_backtest(store: Store, sweep: str, options: BacktestOptions, compute: str | None = None) -> tuple[str, Backtest]:
-    """(compute axis, backtest) of every configuration of SWEEP that has points with compute."""
+    """(compute axis, backtest) of every configuration of SWEEP whose runs have all completed (a
+    backtest checks predictions against finals; a run still going has none)."""
     axis, groups, _ = read_configurations(store, sweep, compute)
     configs = {
         label: [(c.compute, c.pass_rate) for c in curves if c.compute]
         for label, curves in groups.items()
-        if any(c.compute for c in curves)
+        if all(c.state == RunState.COMPLETED for c in curves) and any(c.compute for c in curves)
     }
     if not configs:
-        raise ValueError(f"sweep {sweep!r} has no evaluation points on compute axis {axis!r} to backtest")
+        raise ValueError(f"sweep {sweep!r} has no completed configuration with evaluation points on {axis!r} to backtest")
     return axis, backtest(configs, options)
 
 
