@@ -99,6 +99,22 @@ def running_median3(y: np.ndarray) -> np.ndarray:
     return out
 
 
+def transients(pass_rate: ArrayLike, *, k: float = 4.0, min_jump: float = 0.02) -> np.ndarray:
+    """Mask of the evals that are one-off drops: a point more than max(k * noise sd, `min_jump`)
+    below the median of itself and its two neighbours (so below both neighbours), with the noise sd
+    from the series itself (`curvature_noise_sd`). A policy that has one bad step and recovers by
+    the next eval is not the curve; a fall that lasts two evals is kept (and may make the series
+    unstable). Only drops: a point above both neighbours is as often the top of a rise that then
+    falls, which the instability rule must see. End points are never one.
+    """
+    y = np.asarray(pass_rate, dtype=float)
+    mask = np.zeros(y.size, dtype=bool)
+    if y.size < 5:
+        return mask
+    mask[1:-1] = (running_median3(y) - y)[1:-1] > max(k * curvature_noise_sd(y), min_jump)
+    return mask
+
+
 def noise_drawdown(n: int, sd: float, *, margin: float = 1.0) -> float:
     """The largest drawdown of a running median of 3 that white noise of `sd` plausibly gives
     over n points: (2 sqrt(2 ln n) + margin) sd.

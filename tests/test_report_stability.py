@@ -212,3 +212,19 @@ def test_the_observed_value_is_a_trend_adjusted_mean_of_the_points_near_c2():
     rising = lambda c: 0.2 + 0.003 * np.asarray(c)  # noqa: E731 - a fitted curve, still rising
     value, n = observed_at(compute, rate, 100.0, trend=rising)
     assert n == 2 and value == pytest.approx((0.53 + 0.03 + 0.5) / 2)  # the point at 90 moved to 100
+
+
+def test_a_one_eval_transient_is_left_out_of_the_extrapolation():
+    from analysis.diagnostics import transients
+
+    rate = curve(0.7, 3000.0, 4)
+    at = {"fit_until": COMPUTE[-1] / 2, "predict_at": COMPUTE[-1], "n_boot": 20}
+    hit = rate.copy()
+    hit[8] -= 0.15  # one bad eval on the rise, gone by the next
+    assert transients(hit).nonzero()[0].tolist() == [8] and not transients(rate).any()
+    with_hit = extrapolate([(COMPUTE, hit)], OPTIONS, **at)
+    without = extrapolate([(np.delete(COMPUTE, 8), np.delete(rate, 8))], OPTIONS, **at)
+    assert with_hit.predicts and with_hit.predicted == without.predicted
+    lasting = hit.copy()
+    lasting[9] -= 0.15  # two evals: a fall, not a transient; the later point stays in the fit
+    assert not transients(lasting)[9]
