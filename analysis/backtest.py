@@ -8,7 +8,8 @@ checked against the final pass rate that the configuration went on to reach. Per
 - the prediction error (predicted - final) of each configuration, and the share within `tol`
   (0.02, the paper's noise margin on A), counting configurations without a prediction as misses;
 - the band's coverage: the share of predicted configurations whose final lies in the band;
-- Kendall's tau between the predicted and the final order (over the predicted configurations);
+- Kendall's tau between the predicted and the final order (over the predicted configurations),
+  and the same over the pairs whose finals differ by more than `tol` only (`tau_separated`);
 - p_best of the eventual winner: the bootstrap's probability, at that cut, that the configuration
   which finished highest is the best.
 
@@ -34,7 +35,7 @@ from analysis.fit import fit_curves
 from analysis.options import DEFAULT_OPTIONS, FitOptions
 from analysis.ranking import p_best
 
-DEFAULT_CUTS: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(1, 10))
+DEFAULT_CUTS: tuple[float, ...] = tuple(sorted({round(0.1 * i, 1) for i in range(1, 10)} | {0.25}))
 TOLERANCE = 0.02
 PARALLEL_ABOVE = 4  # (configuration, cut) jobs / 9; below this a process pool costs more than it saves
 
@@ -98,6 +99,9 @@ class CutSummary:
     fraction: float
     configs: tuple[ConfigCut, ...]
     tau: float | None
+    tau_separated: float | None
+    """Kendall's tau over the pairs whose finals differ by more than tol: two configurations that
+    end within the eval noise of each other have no order for a prediction to get right."""
     winner: str | None
     p_best_winner: float | None
     tol: float
@@ -143,8 +147,9 @@ class Backtest:
     cuts: tuple[CutSummary, ...]
 
     def earliest(self, *, share: float = 0.9, tau: float = 0.8) -> float | None:
-        """The first cut from which every later cut has >= `share` within tol and tau >= `tau`."""
-        ok = [c.share_within >= share and (c.tau is not None and c.tau >= tau) for c in self.cuts]
+        """The first cut from which every later cut has >= `share` within tol and a tau over the
+        separated pairs >= `tau`."""
+        ok = [c.share_within >= share and (c.tau_separated is not None and c.tau_separated >= tau) for c in self.cuts]
         for i in range(len(ok)):
             if all(ok[i:]):
                 return self.cuts[i].fraction
@@ -211,4 +216,15 @@ def _summarise(fraction: float, results: list[tuple[ConfigCut, np.ndarray]], tol
         tau = None if value is None or math.isnan(value) else float(value)
     probabilities = p_best([d for _, d in results])
     p_winner = next((p for (c, _), p in zip(results, probabilities) if c.label == winner), None)
-    return CutSummary(fraction, tuple(cuts), tau, winner, p_winner, tol)
+    return CutSummary(fraction, tuple(cuts), tau, separated_tau(predicted, tol), winner, p_winner, tol)
+
+
+def separated_tau(cuts: Sequence[ConfigCut], tol: float) -> float | None:
+    """(concordant - discordant) / pairs, over the pairs whose finals differ by more than tol."""
+    signs = [
+        np.sign(a.predicted - b.predicted) * np.sign(a.final - b.final)  # type: ignore[operator]
+        for i, a in enumerate(cuts)
+        for b in cuts[i + 1 :]
+        if abs(a.final - b.final) > tol  # type: ignore[operator]
+    ]
+    return float(np.mean(signs)) if signs else None

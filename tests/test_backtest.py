@@ -30,7 +30,7 @@ def test_noiseless_sigmoids_are_predicted_from_a_fifth_of_the_compute():
     for cut in result.cuts:
         assert cut.n_predicted == 3
         assert cut.max_abs_error < 0.005, cut.fraction
-        assert cut.tau == pytest.approx(1.0)
+        assert cut.tau == pytest.approx(1.0) and cut.tau_separated == pytest.approx(1.0)
         assert cut.winner == "high"
         assert cut.p_best_winner > 0.9
     assert result.earliest() == 0.2
@@ -61,6 +61,19 @@ def test_a_run_that_collapses_late_is_a_miss_at_early_cuts():
     assert half.n_within == 2 and half.winner == "mid"
     assert half.tau < 1.0
     assert result.earliest() is None
+
+
+def test_tau_apart_ignores_pairs_that_end_within_the_noise():
+    from analysis.backtest import ConfigCut, separated_tau
+
+    def cut(label: str, predicted: float, final: float) -> ConfigCut:
+        return ConfigCut(label, 0.5, predicted, predicted - 0.01, predicted + 0.01, final, None)
+
+    # a and b end 0.005 apart and are predicted in the wrong order; c is far above both
+    cuts = [cut("a", 0.36, 0.355), cut("b", 0.35, 0.360), cut("c", 0.72, 0.72)]
+    assert separated_tau(cuts, 0.02) == 1.0
+    assert separated_tau(cuts, 0.001) == pytest.approx(1 / 3)
+    assert separated_tau(cuts[:2], 0.02) is None
 
 
 def test_withheld_predictions_count_as_misses():
@@ -103,10 +116,10 @@ def test_cli_json_has_every_cut_and_every_configuration(paper_db, tmp_path):
     )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
-    assert [c["fraction"] for c in doc["cuts"]] == [round(0.1 * i, 1) for i in range(1, 10)]
-    labels = {x["label"] for x in doc["cuts"][4]["configs"]}
+    assert [c["fraction"] for c in doc["cuts"]] == [0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+    labels = {x["label"] for x in doc["cuts"][5]["configs"]}
     assert labels == {"variant=scalerl", "variant=scout", "variant=collapse"}
-    collapse = next(x for x in doc["cuts"][4]["configs"] if x["label"] == "variant=collapse")
+    collapse = next(x for x in doc["cuts"][5]["configs"] if x["label"] == "variant=collapse")
     assert collapse["error"] is None or collapse["error"] > 0.02  # predicted the climb, not the fall
 
 

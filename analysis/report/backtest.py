@@ -45,8 +45,10 @@ def backtest_table(sweep: str, result: Backtest) -> Table:
     table = Table(
         title=f"{sweep}: backtest (fit up to each cut of every configuration's compute, predict its final pass rate)",
         title_justify="left",
+        caption=f"tau apart: Kendall's tau over the pairs whose finals differ by more than {tol:g}",
+        caption_justify="left",
     )
-    for name in ("cut", "predicted", f"|err|<={tol:g}", "median |err|", "max |err|", "band covers", "tau", "winner p_best"):
+    for name in ("cut", "predicted", f"|err|<={tol:g}", "median |err|", "max |err|", "band covers", "tau", "tau apart", "winner p_best"):
         table.add_column(name, justify="right")
     for row in backtest_rows(result):
         table.add_row(*(Text(cell) for cell in row))
@@ -66,6 +68,7 @@ def backtest_rows(result: Backtest) -> list[list[str]]:
                 _fmt(c.max_abs_error, ".3f"),
                 "-" if c.coverage is None else f"{sum(bool(x.covered) for x in judged)}/{len(judged)}",
                 _fmt(c.tau, ".2f"),
+                _fmt(c.tau_separated, ".2f"),
                 _fmt(c.p_best_winner, ".2f"),
             ]
         )
@@ -80,9 +83,9 @@ def render_backtest_table(sweep: str, result: Backtest, console: Console) -> Non
         Text(
             f"winner (highest final): {winner or '-'}; "
             + (
-                f"from {earliest:.0%} of compute on, every cut has >= 90% within {result.options.tol:g} and tau >= 0.8"
+                f"from {earliest:.0%} of compute on, every cut has >= 90% within {result.options.tol:g} and tau >= 0.8 over the pairs whose finals differ by more than {result.options.tol:g}"
                 if earliest is not None
-                else f"no cut from which on >= 90% are within {result.options.tol:g} and tau >= 0.8"
+                else f"no cut from which on >= 90% are within {result.options.tol:g} and tau >= 0.8 (pairs apart)"
             )
         )
     )
@@ -117,6 +120,7 @@ def _cut_json(c: CutSummary) -> dict[str, Any]:
         "max_abs_error": _num(c.max_abs_error),
         "coverage": _num(c.coverage),
         "tau": _num(c.tau),
+        "tau_separated": _num(c.tau_separated),
         "winner": c.winner,
         "p_best_winner": _num(c.p_best_winner),
         "configs": [
@@ -142,6 +146,7 @@ def backtest_png(sweep: str, result: Backtest) -> bytes:
     tol = result.options.tol
     ax.plot(x, [c.share_within for c in result.cuts], "o-", color="#2ca02c", label=f"share within {tol:g}")
     ax.plot(x, [_nan(c.tau) for c in result.cuts], "s-", color="#1f77b4", label="Kendall tau (predicted vs final order)")
+    ax.plot(x, [_nan(c.tau_separated) for c in result.cuts], "s--", color="#17becf", label=f"tau, finals > {tol:g} apart")
     ax.plot(x, [_nan(c.coverage) for c in result.cuts], "^:", color="#7f7f7f", label=f"{result.options.level:.0%} band coverage")
     ax.set_ylim(-0.05, 1.05)
     ax.set_xlabel("fit on the first x% of each configuration's compute")
