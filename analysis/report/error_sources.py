@@ -14,7 +14,7 @@ and 50% of its compute (as `sweep report --fit-until F --predict 100%` makes it)
   every `thin` steps (the old schedule), against the error with every point;
 - B and Cmid: the relative width of their bootstrap intervals from the first half.
 
-`python -m analysis.error_sources --db URL SWEEP` prints the table for every completed run.
+`python -m analysis.report.error_sources --db URL SWEEP` prints the table for every completed run.
 """
 
 from __future__ import annotations
