@@ -24,4 +24,4 @@ def test_a_clean_run_has_binomial_noise_no_wander_and_small_errors():
     assert (e.n_quarter, e.n_half) == (21, 25)
     assert e.error_quarter is not None and e.error_quarter_thinned is not None  # 21 and 5 points: both fitted
     assert abs(e.error_half) < 0.02 and abs(e.error_half_thinned) < 0.02
-    assert "| r | 0.7" in markdown([e], {})
+    assert f"| r | {e.final:.3f} | {e.binomial_sd:.4f} |" in markdown([e], {})
