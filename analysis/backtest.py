@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -156,7 +156,7 @@ class Backtest:
         return None
 
 
-def backtest(configs: dict[str, Sequence[CurveLike]], options: BacktestOptions = BacktestOptions()) -> Backtest:
+def backtest(configs: Mapping[str, Sequence[CurveLike]], options: BacktestOptions = BacktestOptions()) -> Backtest:
     """Replay the extrapolation of every configuration (label -> its seeds' curves) at each cut."""
     if not configs:
         raise ValueError("backtest needs at least one configuration")

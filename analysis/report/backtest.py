@@ -18,7 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from analysis.backtest import Backtest, BacktestOptions, CutSummary, backtest
-from analysis.options import FitOptions
+from analysis.data import CurveLike
+from analysis.options import FitOptions, Method, R0Mode
 from analysis.report.build import read_configurations
 from analysis.report.plots import _new_figure, to_png
 from store import RunState, Store
@@ -30,7 +31,7 @@ def sweep_backtest(store: Store, sweep: str, options: BacktestOptions, compute: 
     """(compute axis, backtest) of every configuration of SWEEP whose runs have all completed (a
     backtest checks predictions against finals; a run still going has none)."""
     axis, groups, _ = read_configurations(store, sweep, compute)
-    configs = {
+    configs: dict[str, list[CurveLike]] = {
         label: [(c.compute, c.pass_rate) for c in curves if c.compute]
         for label, curves in groups.items()
         if all(c.state == RunState.COMPLETED for c in curves) and any(c.compute for c in curves)
@@ -158,7 +159,7 @@ def backtest_png(sweep: str, result: Backtest) -> bytes:
     err.set_ylabel("|predicted - final pass rate|")
     err.set_ylim(bottom=0)
     lines = ax.get_lines() + err.get_lines()[:2]
-    ax.legend(lines, [line.get_label() for line in lines], loc="center right", fontsize=8)
+    ax.legend(lines, [str(line.get_label()) for line in lines], loc="center right", fontsize=8)
     ax.set_title(f"{sweep}: how early could it have been called?")
     return to_png(figure)
 
@@ -189,8 +190,8 @@ def report_backtest(
     fmt: str,
     out: Path,
     compute: str | None,
-    method: str,
-    r0: str,
+    method: Method,
+    r0: R0Mode,
     cutoff: float,
     n_boot: int,
     level: float,
