@@ -18,7 +18,7 @@ from analysis.curve import (
     sigmoid,
 )
 from analysis.diagnostics import is_collapsing, noise_sd
-from analysis.effects import AxisEffect, GroupSummary, axis_effect, matched_axis_effect
+from analysis.effects import AxisEffect, EffectOptions, GroupSummary, axis_effect, matched_axis_effect
 from analysis.extrapolation import Extrapolation, extrapolate
 from analysis.fit import fit_curves
 from analysis.intervals import BootstrapResult, Interval, bootstrap
@@ -37,6 +37,7 @@ __all__ = [
     "AxisEffect",
     "BootstrapResult",
     "Comparison",
+    "EffectOptions",
     "Extrapolation",
     "FitOptions",
     "FitResult",

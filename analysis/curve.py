@@ -27,6 +27,10 @@ FLAG_COLLAPSING = "collapsing"
 """The pass rate falls at the end of the run by more than the noise (see diagnostics.is_collapsing)."""
 FLAG_FIT_FAILED = "fit_failed"
 """No method produced finite parameters; parameters NaN."""
+FLAG_DEGENERATE = "degenerate"
+"""The data cannot shape a sigmoid: every point after the cutoff sits at one compute value (no
+compute spread), or B or Cmid ended on a bound of its search space (a flat curve fits with B at its
+lower bound, a step with B at its upper one). The numbers are not estimates; not ranked by default."""
 
 FLAGS: tuple[str, ...] = (
     FLAG_A_AT_BOUND,
@@ -34,6 +38,7 @@ FLAGS: tuple[str, ...] = (
     FLAG_TOO_FEW_POINTS,
     FLAG_COLLAPSING,
     FLAG_FIT_FAILED,
+    FLAG_DEGENERATE,
 )
 FAILURE_FLAGS: frozenset[str] = frozenset({FLAG_TOO_FEW_POINTS, FLAG_FIT_FAILED})
 

@@ -35,6 +35,28 @@ FitLike = FitResult | BootstrapResult
 Verdict = Literal["asymptote", "efficiency", "neither"]
 
 
+@dataclass(frozen=True, kw_only=True)
+class EffectOptions:
+    """How an axis is judged: `margin` on A (the paper's 0.02), relative tolerances on B (5%) and
+    Cmid (25%) below which a difference is not an effect, and the level of the intervals."""
+
+    margin: float = PAPER_MARGIN
+    b_tol: float = 0.05
+    cmid_tol: float = 0.25
+    level: float = 0.95
+
+    def __post_init__(self) -> None:
+        for name in ("margin", "b_tol", "cmid_tol"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+        if not 0 < self.level < 1:
+            raise ValueError(f"level must lie in (0, 1), got {self.level!r}")
+
+
+DEFAULT_EFFECT_OPTIONS = EffectOptions()
+
+
 @dataclass(frozen=True)
 class GroupSummary:
     """One axis value: mean A and B, geometric-mean Cmid over its usable fits, their intervals, and
@@ -84,13 +106,10 @@ class AxisEffect:
 
 def axis_effect(
     groups: Mapping[str, FitLike | Sequence[FitLike]],
+    options: EffectOptions = DEFAULT_EFFECT_OPTIONS,
     *,
     axis: str = "",
     reference: str | None = None,
-    margin: float = PAPER_MARGIN,
-    b_tol: float = 0.05,
-    cmid_tol: float = 0.25,
-    level: float = 0.95,
 ) -> AxisEffect:
     """Summarise an axis (see AxisEffect). `reference`: the value effects are measured against;
     default: the first key (e.g. the base recipe's value)."""
@@ -99,10 +118,8 @@ def axis_effect(
     ref = next(iter(groups)) if reference is None else reference
     if ref not in groups:
         raise ValueError(f"reference must be one of {list(groups)!r}, got {reference!r}")
-    for name, value in (("margin", margin), ("b_tol", b_tol), ("cmid_tol", cmid_tol)):
-        if not value >= 0:
-            raise ValueError(f"{name} must be >= 0, got {value!r}")
-    raw = {str(k): _summarise(str(k), _as_list(v), level) for k, v in groups.items()}
+    margin, b_tol, cmid_tol = options.margin, options.b_tol, options.cmid_tol
+    raw = {str(k): _summarise(str(k), _as_list(v), options.level) for k, v in groups.items()}
     base = raw[str(ref)]
     summaries = tuple(_relative(g, base) for g in raw.values())
     pairs = list(itertools.combinations([g for g in summaries if math.isfinite(g.A)], 2))
@@ -127,13 +144,10 @@ def axis_effect(
 
 def matched_axis_effect(
     contexts: Sequence[Mapping[str, FitLike | Sequence[FitLike]]],
+    options: EffectOptions = DEFAULT_EFFECT_OPTIONS,
     *,
     axis: str = "",
     reference: str | None = None,
-    margin: float = PAPER_MARGIN,
-    b_tol: float = 0.05,
-    cmid_tol: float = 0.25,
-    level: float = 0.95,
 ) -> AxisEffect:
     """An axis's effect with the other axes held fixed.
 
@@ -153,14 +167,8 @@ def matched_axis_effect(
             pooled.setdefault(str(value), []).extend(_as_list(fits))
     if ref not in pooled:
         raise ValueError(f"reference must be one of {list(pooled)!r}, got {reference!r}")
-    effects = [
-        axis_effect(
-            c, axis=axis, reference=ref if ref in map(str, c) else None,
-            margin=margin, b_tol=b_tol, cmid_tol=cmid_tol, level=level,
-        )  # fmt: skip
-        for c in usable
-    ]
-    overall = axis_effect(pooled, axis=axis, reference=ref, margin=margin, b_tol=b_tol, cmid_tol=cmid_tol, level=level)
+    effects = [axis_effect(c, options, axis=axis, reference=ref if ref in map(str, c) else None) for c in usable]
+    overall = axis_effect(pooled, options, axis=axis, reference=ref)
     moves_a = any(e.moves_asymptote for e in effects)
     moves_eff = any(e.moves_efficiency for e in effects)
     verdict: Verdict = "asymptote" if moves_a else "efficiency" if moves_eff else "neither"

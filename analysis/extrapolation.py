@@ -4,7 +4,7 @@ The paper's use of the curve: fit to half the budget (8k of 16k GPU-hours; 50k o
 extend. Once the run reaches C2 the prediction is checked against what was measured there.
 
 The paper claims such predictions for stable recipes only. A configuration whose fitted window
-is unstable (some seed falls below its running maximum by more than the noise allows,
+is unstable (some seed falls below its running maximum by more than its eval noise allows,
 `analysis.diagnostics.unstable_drop`) or whose window cannot be fitted gets no prediction: the
 Extrapolation says why (`withheld`) and its predicted value is NaN.
 """
@@ -19,7 +19,7 @@ import numpy as np
 
 from analysis.curve import FitResult
 from analysis.data import CurveLike, as_curves
-from analysis.diagnostics import unstable_drop
+from analysis.diagnostics import transients, unstable_drop
 from analysis.intervals import BootstrapResult, Interval, Scheme, bootstrap_problem
 from analysis.options import DEFAULT_OPTIONS, FitOptions
 from analysis.problem import make_problem
@@ -74,7 +74,8 @@ def extrapolate(
     Each seed stays its own series (its own R0 measurement, its own noise in the bootstrap), so
     interleaved seeds are never read as one time series. R0 ("first") still comes from the first
     points; points past fit_until are used only for the observed value, the mean over all seeds.
-    `window`: relative half-width around predict_at whose points are averaged into the observed
+    A seed's one-eval transients (a point beyond both neighbours by several noise sds) are left out
+    of the fit (`_without_transients`). `window`: relative half-width around predict_at whose points are averaged into the observed
     value. One eval is noisy (binomial sd ~0.004-0.007, plus the policy's own wander from step to
     step, which near convergence is the larger part), so the check averages a few points to be
     about the curve, not about one draw; each point is first moved along the fitted curve to
@@ -87,7 +88,7 @@ def extrapolate(
         raise ValueError(f"predict_at must be a finite number > 0, got {predict_at!r}")
     if not 0 <= window < 1:
         raise ValueError(f"window must lie in [0, 1), got {window!r}")
-    windows = [(c[c <= fit_until], r[c <= fit_until]) for c, r in seeds]
+    windows = [_without_transients(c[c <= fit_until], r[c <= fit_until]) for c, r in seeds]
     problem = make_problem(windows, options)
     boot = bootstrap_problem(problem, options, n_boot=n_boot, seed=seed, level=level, scheme=scheme)
     withheld = withheld_reason(windows, boot.fit)
@@ -118,6 +119,14 @@ def extrapolate(
         bootstrap=boot,
         withheld=withheld,
     )
+
+
+def _without_transients(compute: np.ndarray, pass_rate: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One seed's window without its one-eval transients (`analysis.diagnostics.transients`): a
+    least-squares fit follows a single eval 0.1 off the curve far enough to move the prediction
+    by several hundredths, and a curve that recovers at the next eval was never there."""
+    keep = ~transients(pass_rate)
+    return compute[keep], pass_rate[keep]
 
 
 def withheld_reason(windows: Sequence[tuple[np.ndarray, np.ndarray]], fit: FitResult) -> str | None:

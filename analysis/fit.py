@@ -33,6 +33,7 @@ from analysis.curve import (
     FLAG_A_AT_BOUND,
     FLAG_CMID_BEYOND_DATA,
     FLAG_COLLAPSING,
+    FLAG_DEGENERATE,
     FLAG_FIT_FAILED,
     FLAG_TOO_FEW_POINTS,
     METHOD_FALLBACK,
@@ -44,7 +45,7 @@ from analysis.curve import (
 )
 from analysis.data import CurveLike, as_curve, as_curves
 from analysis.diagnostics import is_collapsing
-from analysis.options import DEFAULT_OPTIONS, FitOptions, Method, R0Mode, resolve_a_grid, resolve_cmid_range
+from analysis.options import DEFAULT_OPTIONS, FitOptions, Method, R0Mode, resolve_a_grid, resolve_cmid_bounds, resolve_cmid_range
 from analysis.problem import (
     Problem,
     fixed_theta,
@@ -57,6 +58,7 @@ from analysis.problem import (
 from analysis.solver import I_A, I_LNB, Space, levenberg_marquardt, profile_starts, step_start
 
 _B_BOUND_TOL = 1e-6  # in ln B
+_BOUND_REL = 1e-3  # B or Cmid within this relative distance of a bound is on it (the "degenerate" flag)
 
 
 def fit_curves(
@@ -234,7 +236,7 @@ def _result(
         compute_min=problem.compute_min,
         compute_max=problem.compute_max,
         method=method,
-        flags=_flags(problem, options, A, Cmid, a_bounds),
+        flags=_flags(problem, options, A, Cmid, a_bounds) + _degenerate(problem, options, B, Cmid, method),
     )
 
 
@@ -250,6 +252,19 @@ def _flags(
     if any(_seed_collapses(problem.pass_rate[s], options) for s in problem.seed_slices()):
         flags.append(FLAG_COLLAPSING)
     return tuple(flags)
+
+
+def _degenerate(problem: Problem, options: FitOptions, B: float, Cmid: float, method: str) -> tuple[str, ...]:
+    """("degenerate",) when the window has no compute spread or B or Cmid sits on a bound of the
+    method's search space (the reference's Cmid grid ends, else the fast method's Cmid bounds;
+    B's bounds for both, as the reference's unbounded B below or above them is no estimate either)."""
+    positive = problem.compute[problem.design.pos]
+    resolve = resolve_cmid_range if method in (METHOD_REFERENCE, METHOD_FALLBACK) else resolve_cmid_bounds
+    c_lo, c_hi = resolve(options, problem.compute_max)
+    b_lo, b_hi = options.b_bounds
+    on_bound = B <= b_lo * (1 + _BOUND_REL) or B >= b_hi * (1 - _BOUND_REL)
+    on_bound |= Cmid <= c_lo * (1 + _BOUND_REL) or Cmid >= c_hi * (1 - _BOUND_REL)
+    return (FLAG_DEGENERATE,) if np.unique(positive).size < 2 or on_bound else ()
 
 
 def _seed_collapses(pass_rate: NDArray[np.float64], options: FitOptions) -> bool:

@@ -18,7 +18,7 @@ import numpy as np
 
 from analysis.comparison import Comparison, compare
 from analysis.curve import FitResult
-from analysis.effects import AxisEffect, axis_effect, matched_axis_effect
+from analysis.effects import DEFAULT_EFFECT_OPTIONS, AxisEffect, EffectOptions, axis_effect, matched_axis_effect
 from analysis.extrapolation import Extrapolation
 from analysis.intervals import BootstrapResult
 from analysis.options import FitOptions
@@ -125,7 +125,7 @@ def comparisons(
     return out
 
 
-def effects(configs: Sequence[ConfigResult], *, margin: float, level: float) -> list[AxisEffect]:
+def effects(configs: Sequence[ConfigResult], options: EffectOptions = DEFAULT_EFFECT_OPTIONS) -> list[AxisEffect]:
     """For each axis: does it move the asymptote or only the efficiency?
 
     An axis is judged on configurations that differ in it alone (the other axes held fixed,
@@ -152,9 +152,9 @@ def effects(configs: Sequence[ConfigResult], *, margin: float, level: float) -> 
         reference = "base" if key == ABLATE_AXIS and "base" in groups else None
         matched = [c for c in contexts.values() if len(c) >= 2] if key != ABLATE_AXIS else []
         if matched:
-            effect = matched_axis_effect(matched, axis=key, reference=reference, margin=margin, level=level)
+            effect = matched_axis_effect(matched, options, axis=key, reference=reference)
         else:
-            effect = axis_effect(groups, axis=key, reference=reference, margin=margin, level=level)
+            effect = axis_effect(groups, options, axis=key, reference=reference)
         effects.append(effect)
     return effects
 

@@ -488,6 +488,12 @@ def logs_cmd(ctx: click.Context, run: str, which: str, follow: bool, task: int) 
     default=None,
     help="... and predict the pass rate here (same units as --fit-until).",
 )
+@click.option(
+    "--backtest",
+    is_flag=True,
+    help="Replay the fit at 10%..90% of each configuration's compute and check the predicted final "
+    "pass rates against the finals (table or json; the plot goes to --out, default: here).",
+)
 @click.pass_context
 @_errors
 def report_cmd(
@@ -504,6 +510,7 @@ def report_cmd(
     include_flagged: bool,
     fit_until: tuple[float, bool] | None,
     predict_at: tuple[float, bool] | None,
+    backtest: bool,
 ) -> None:
     """Fit the sigmoid to every configuration's curve; rank by A, then B; compare; judge each axis.
 
@@ -517,6 +524,20 @@ def report_cmd(
 
     if fit_until is not None and predict_at is not None and fit_until[1] != predict_at[1]:
         raise click.UsageError("give --fit-until and --predict both as percentages or both as compute")
+    if backtest:
+        from analysis.report.backtest import report_backtest
+
+        if fmt not in ("table", "json") or fit_until is not None or predict_at is not None:
+            raise click.UsageError("--backtest takes --format table or json, and no --fit-until or --predict")
+        store = _store(ctx)
+        try:
+            report_backtest(
+                store, _sweep_name(store, sweep), fmt=fmt, out=out or Path("."), compute=compute,
+                method=method, r0=r0, cutoff=cutoff[0], n_boot=n_boot, level=level, console=render.console(),
+            )  # fmt: skip
+        except (PlotError, OSError, ValueError) as exc:
+            _fail(str(exc))
+        return
     try:
         options = ReportOptions(
             compute=compute, method=method, r0=r0, cutoff=cutoff[0], n_boot=n_boot, level=level,

@@ -245,6 +245,26 @@ class EvalConfig(Section):
     """k of mean@k: samples per held-out prompt."""
     log_spaced: bool = True
     """Also evaluate at steps 0, 1, 2, 4, 8, ... below `every`, where the curve moves fastest."""
+    early_every: int | None = bounded(None, lo=1)
+    """Evaluate every `early_every` steps before step `early_until` (denser points where the curve
+    climbs, so that a fit from the first quarter of a run has enough of them); None: off."""
+    early_until: int = bounded(0, lo=0)
+
+    def check(self) -> None:
+        if self.early_every is not None and self.early_until == 0:
+            raise ConfigError("eval.early_until", "must be > 0 when eval.early_every is set")
+
+    def evaluates(self, step: int) -> bool:
+        """Whether the loop evaluates after `step` (it also evaluates at the last step).
+
+        Step 0, multiples of `every`, multiples of `early_every` below `early_until`, and powers of
+        two below `every` if `log_spaced`.
+        """
+        if step % self.every == 0:
+            return True
+        if self.early_every is not None and step < self.early_until and step % self.early_every == 0:
+            return True
+        return self.log_spaced and step < self.every and step & (step - 1) == 0
 
 
 @dataclass(kw_only=True)

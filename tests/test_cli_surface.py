@@ -27,6 +27,7 @@ SURFACE = {
         "--include-flagged",
         "--fit-until",
         "--predict",
+        "--backtest",
     ],  # fmt: skip
     "cancel": [],
     "logs": ["--stderr", "--stdout", "--follow", "--task"],

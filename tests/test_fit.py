@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 
 import numpy as np
 import pytest
@@ -324,3 +325,21 @@ def test_invalid_arguments_raise_naming_the_argument(compute: list, rate: list, 
         fit_curves([(compute, rate)], FitOptions(**kwargs))
 
 
+
+
+def test_degenerate_fits_are_flagged_and_not_ranked():
+    from analysis.ranking import ConfigResult, rank
+
+    rng = np.random.default_rng(0)
+    one_compute = fit_curves([(np.full(10, 5.0), 0.4 + rng.normal(0, 0.01, 10))])  # no compute spread
+    assert "degenerate" in one_compute.flags
+    c = np.linspace(0, 800, 17)
+    log_shaped = 0.3 + 0.01 * np.log1p(c)  # B ~0.37: below a lower bound of 0.5, on it
+    assert "degenerate" not in fit_curves([(c, log_shaped)]).flags
+    assert "degenerate" in fit_curves([(c, log_shaped)], FitOptions(b_bounds=(0.5, 1000.0))).flags
+    clean = fit_curves([(c, sigmoid(c, 0.7, 1.5, 200.0, 0.1))])
+    assert clean.flags == ()
+    high_but_degenerate = dataclasses.replace(clean, A=0.9, flags=("degenerate",))
+    configs = [ConfigResult("degenerate", {}, (), high_but_degenerate), ConfigResult("clean", {}, (), clean)]
+    assert [(c.label, c.rank) for c in rank(configs)] == [("clean", 1), ("degenerate", None)]
+    assert [(c.label, c.rank) for c in rank(configs, include_flagged=True)] == [("degenerate", 1), ("clean", 2)]

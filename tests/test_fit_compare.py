@@ -175,3 +175,15 @@ def test_interval_semantics() -> None:
     assert Interval(0.1, 0.2).overlaps(Interval(0.2, 0.3))
     assert not Interval(0.1, 0.2).overlaps(Interval(0.21, 0.3))
     assert not Interval(float("nan"), 0.2).overlaps(Interval(0.0, 1.0))
+
+
+def test_effect_options_are_one_validated_object() -> None:
+    from analysis import EffectOptions
+
+    groups = {"cispo": seed_fits(0.61, 1.92, 2542.0, 100), "dapo": seed_fits(0.55, 1.92, 2542.0, 200)}
+    assert axis_effect(groups).moves_asymptote
+    assert not axis_effect(groups, EffectOptions(margin=0.1)).moves_asymptote  # dA 0.06 is inside a 0.1 margin
+    with pytest.raises(ValueError, match="b_tol must be >= 0"):
+        EffectOptions(b_tol=-1.0)
+    with pytest.raises(ValueError, match="level must lie in"):
+        EffectOptions(level=1.5)

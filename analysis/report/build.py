@@ -32,6 +32,7 @@ from analysis import (
     fit_curves,
 )
 from analysis.trackers import tracker_links
+from analysis.effects import EffectOptions
 from analysis.ranking import ConfigResult, Curve, comparisons, config_label, effects, rank, rank_at_predict
 from store import COMPUTE_AXES, EvalRecord, Store, same_seed_reruns
 
@@ -213,7 +214,7 @@ def finish_report(sweep: str, options: ReportOptions, compute: str, configs: lis
                 ranked, margin=options.margin, n_boot=options.n_boot, level=options.level, options=options.fit_options()
             )
         ),
-        effects=tuple(effects(ranked, margin=options.margin, level=options.level)),
+        effects=tuple(effects(ranked, EffectOptions(margin=options.margin, level=options.level))),
     )
 
 

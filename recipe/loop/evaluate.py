@@ -26,11 +26,8 @@ EVAL_CHUNK = 4096
 
 
 def is_eval_step(step: int, cfg: RecipeConfig) -> bool:
-    """Step 0, powers of two below `eval.every` (if log-spaced), then multiples of `eval.every`."""
-    every = cfg.eval.every
-    if step % every == 0:
-        return True
-    return cfg.eval.log_spaced and step < every and step & (step - 1) == 0
+    """See `EvalConfig.evaluates` (the schedule lives in the torch-free config)."""
+    return cfg.eval.evaluates(step)
 
 
 def report_eval(state: RunState, sink: Sink, log: Callable[[str], None]) -> None:

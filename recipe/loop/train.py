@@ -33,8 +33,8 @@ Off-policy modes (`async.mode`, k = `async.max_lag`):
 
 Evaluation: the held-out pass rate, mean@k (k = `eval.samples`) over every held-out prompt, sampled
 at temperature 1 with a random stream of its own (seeded by run seed and step), at step 0, at steps
-1, 2, 4, 8, ... below `eval.every` (`eval.log_spaced`), every `eval.every` steps, and at the last
-step.
+1, 2, 4, 8, ... below `eval.every` (`eval.log_spaced`), every `eval.early_every` steps below
+`eval.early_until`, every `eval.every` steps, and at the last step (`EvalConfig.evaluates`).
 
 Compute, cumulative, in every eval point: `flops` = 2·N·(prompt + completion tokens) generated +
 6·N·(prompt + completion tokens) trained, with N every parameter but the input embedding table
