@@ -54,6 +54,7 @@ from recipe.engines.base import Group, TrainBatch, Trainer
 from recipe.engines.weights import TorchWeightSender, WeightGroupSpec, weight_meta
 from recipe.lag import Admission, Span, is_stale
 from recipe.model import load_policy
+from recipe.pipeline.placement import JobPlacement, SlurmView, device_of, place_job, slurm_view
 from recipe.sampler import Completions
 from recipe.transport import (
     ControlClient,
@@ -117,11 +118,21 @@ def layout_of(cfg: RecipeConfig, env: TaskEnv) -> Layout:
     return check_layout(cfg, num_nodes=env.num_nodes, tasks_per_node=env.tasks_per_node)
 
 
+def job_placement(env: TaskEnv, layout: Layout) -> JobPlacement:
+    """Every task's GPU and the groups' backends (`recipe.pipeline.placement`), from what Slurm
+    shows this task: per-task binding or not; tasks beyond a node's GPUs share them round robin."""
+    return place_job(_slurm_view(env), layout.num_trainers)
+
+
 def device_for(env: TaskEnv) -> torch.device:
-    """One task per GPU; tasks beyond the GPUs a node shows share them round robin (a one-GPU check)."""
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda", env.local_rank % torch.cuda.device_count())
+    """This task's device (the same whatever its role)."""
+    return torch.device(device_of(_slurm_view(env), env.rank)[0])
+
+
+def _slurm_view(env: TaskEnv) -> SlurmView:
+    return slurm_view(
+        os.environ, num_nodes=env.num_nodes, tasks_per_node=env.tasks_per_node, device_count=torch.cuda.device_count()
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,7 +147,7 @@ class Rendezvous:
     trainer_port: int
     weight_port: int
     backend: str
-    """The trainers' own group: NCCL with one GPU per task, else gloo."""
+    """The trainers' own group: NCCL when each trainer has a GPU of its own, else gloo."""
     weight_backend: str
     """The weight group's: NCCL unless its ranks share a GPU (NCCL refuses two ranks on one
     device), then gloo, which broadcasts CUDA tensors through host memory."""
@@ -181,7 +192,7 @@ def join_trainer_group(env: TaskEnv, layout: Layout, rendezvous: Rendezvous) -> 
     os.environ.update(
         WORLD_SIZE=str(layout.num_trainers),
         RANK=str(env.rank),
-        LOCAL_RANK=str(env.local_rank),
+        LOCAL_RANK=str(job_placement(env, layout).tasks[env.rank].local_rank),  # cuda:LOCAL_RANK is its GPU
         MASTER_ADDR=rendezvous.host,
         MASTER_PORT=str(rendezvous.trainer_port),
     )
@@ -280,10 +291,9 @@ class LeadTeam:
         should_stop: Callable[[], bool] = lambda: False,
     ):
         self.cfg, self.env, self.layout, self.log, self.should_stop = cfg, env, layout, log, should_stop
-        gpus_per_node = torch.cuda.device_count()
-        self.num_gpus = min(env.num_tasks, gpus_per_node * env.num_nodes)  # what the job holds, not its tasks
-        backend = "nccl" if gpus_per_node else "gloo"
-        weight_backend = "nccl" if gpus_per_node >= env.tasks_per_node else "gloo"
+        placement = job_placement(env, layout)
+        self.num_gpus = placement.num_gpus  # what the job's tasks occupy, not its tasks
+        backend, weight_backend = placement.trainer_backend, placement.weight_backend
         self.control = ControlServer(layout.num_generators)
         self.rendezvous = Rendezvous(
             env.attempt_key, socket.gethostname(), self.control.port, free_port(), free_port(), backend, weight_backend
@@ -619,13 +629,25 @@ def run_trainer_follower(
         dist.destroy_process_group()
 
 
-def build_generator(cfg: RecipeConfig, env: TaskEnv, log: Callable[[str], None]) -> Any:
-    """`engine.generator`'s streaming engine, holding the model directory's weights."""
+def build_generator(
+    cfg: RecipeConfig, env: TaskEnv, log: Callable[[str], None], layout: Layout | None = None
+) -> Any:
+    """`engine.generator`'s streaming engine, holding the model directory's weights, on this
+    task's GPU (`job_placement`; `layout` None: a layout of one trainer and generators after it)."""
     model_dir = resolve_model_dir(cfg.model.path, log)
     if cfg.engine.generator == "vllm" or (cfg.engine.generator == "auto" and torch.cuda.is_available()):
         from recipe.engines.vllm_engine import VllmGenerator, settings_from_config
 
-        return VllmGenerator(settings_from_config(cfg, str(model_dir)))
+        layout = layout or Layout(env.num_nodes, env.tasks_per_node, env.num_tasks - 1)
+        placement = job_placement(env, layout)
+        me = placement.tasks[env.rank]
+        if me.visible_devices is not None:  # vLLM's engine core starts in a child and takes its cuda:0
+            os.environ["CUDA_VISIBLE_DEVICES"] = me.visible_devices
+        shares_gpu = me.gpu is not None and sum(t.gpu == me.gpu for t in placement.tasks) > 1
+        settings = settings_from_config(
+            cfg, str(model_dir), weight_backend=placement.weight_backend, shares_gpu=shares_gpu
+        )
+        return VllmGenerator(settings)
     from recipe.engines.torch_generator import TorchGenerator
 
     model, tokenizer = load_policy(model_dir, dtype=cfg.model.dtype, lm_head_fp32=cfg.precision.lm_head_fp32)
@@ -640,7 +662,7 @@ def run_generator(
     index = layout.generator_index(env.rank)
     client = ControlClient(rendezvous.control_address, index)
     try:
-        engine = build_generator(cfg, env, log)
+        engine = build_generator(cfg, env, log, layout)
         client.send({"type": "hello", "index": index})
         spec = WeightGroupSpec(
             rendezvous.host, rendezvous.weight_port, layout.num_generators, rendezvous.weight_backend, peer_timeout_s()

@@ -88,6 +88,9 @@ class VllmSettings:
     """No torch.compile / CUDA graphs: starts in seconds; a GPU benchmark may want False."""
     gpu_memory_utilization: float = 0.85
     initial_version: int = 0
+    weight_backend: str | None = None
+    """The weight group's backend (`recipe.pipeline.placement`): None is nccl on CUDA, gloo on CPU.
+    gloo on CUDA where the engine shares its GPU with trainer rank 0 (NCCL refuses that)."""
 
     @property
     def resolved_device(self) -> str:
@@ -97,6 +100,8 @@ class VllmSettings:
 
     @property
     def backend(self) -> str:
+        if self.weight_backend is not None:
+            return self.weight_backend
         return "nccl" if self.resolved_device == "cuda" else "gloo"
 
     def engine_args(self) -> dict[str, Any]:
@@ -115,20 +120,26 @@ class VllmSettings:
             args["hf_overrides"] = {"head_dtype": "float32"}
         if self.backend == "gloo":
             args["worker_extension_cls"] = GLOO_EXTENSION
+        if self.resolved_device == "cpu":
             args["block_size"] = 32  # the CPU attention backend takes multiples of 32
         else:
             args["gpu_memory_utilization"] = self.gpu_memory_utilization
         return args
 
 
-def settings_from_config(cfg: Any, model_dir: str, *, initial_version: int = 0) -> VllmSettings:
-    """The engine a run's recipe asks for (`recipe.config.RecipeConfig`): its dtype, fp32 head, seed."""
+def settings_from_config(
+    cfg: Any, model_dir: str, *, initial_version: int = 0, weight_backend: str | None = None, shares_gpu: bool = False
+) -> VllmSettings:
+    """The engine a run's recipe asks for (`recipe.config.RecipeConfig`): its dtype, fp32 head, seed,
+    its share of the GPU's memory (`shares_gpu`: with a trainer, `recipe.config.EngineConfig`)."""
     return VllmSettings(
         model_dir=model_dir,
         dtype=cfg.model.dtype,
         lm_head_fp32=cfg.precision.lm_head_fp32,
         seed=cfg.seed,
+        gpu_memory_utilization=cfg.engine.vllm_memory_share(shares_gpu=shares_gpu),
         initial_version=initial_version,
+        weight_backend=weight_backend,
     )
 
 

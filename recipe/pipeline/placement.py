@@ -165,14 +165,21 @@ def place_job(view: SlurmView, num_trainers: int) -> JobPlacement:
 
 def _place_task(view: SlurmView, rank: int, num_trainers: int) -> TaskPlacement:
     node, local_id = divmod(rank, view.tasks_per_node)
-    role = "trainer" if rank < num_trainers else "generator"
+    device, gpu = device_of(view, rank)
+    if rank < num_trainers:
+        return TaskPlacement(rank, node, local_id, "trainer", device, gpu, None)
+    # A generator's engine processes (vLLM's engine core) see only its GPU and take their cuda:0.
+    visible = gpu[1] if gpu is not None and not view.bound else None
+    return TaskPlacement(rank, node, local_id, "generator", device, gpu, visible)
+
+
+def device_of(view: SlurmView, rank: int) -> tuple[str, tuple[int, str] | None]:
+    """Task `rank`'s device in its own process and the GPU it occupies (whatever its role)."""
+    node, local_id = divmod(rank, view.tasks_per_node)
     if not view.visible:
-        return TaskPlacement(rank, node, local_id, role, "cpu", None, None)
+        return "cpu", None
     if view.bound:
         # Slurm gave this task GPU(s) of its own: its first, whatever it is numbered inside the task.
-        return TaskPlacement(rank, node, local_id, role, "cuda:0", (node, f"task{local_id}"), None)
+        return "cuda:0", (node, f"task{local_id}")
     index = local_id % len(view.visible)
-    gpu_id = view.visible[index]
-    # A generator's engine processes (vLLM's engine core) see only its GPU and take their cuda:0.
-    visible = gpu_id if role == "generator" else None
-    return TaskPlacement(rank, node, local_id, role, f"cuda:{index}", (node, gpu_id), visible)
+    return f"cuda:{index}", (node, view.visible[index])
