@@ -694,6 +694,14 @@ class Layout:
         return rank - self.num_trainers
 
 
+def resolve_generator(requested: str, *, cuda: bool, vllm: bool) -> str:
+    """`engine.generator` resolved for a machine: `auto` is vLLM where a GPU and vllm are both at
+    hand (on generator ranks, or colocated in the one task of `generator_ranks: 0`), else torch."""
+    if requested != "auto":
+        return requested
+    return "vllm" if cuda and vllm else "torch"
+
+
 def check_layout(cfg: RecipeConfig, *, num_nodes: int, tasks_per_node: int) -> Layout:
     """The layout of `cfg`'s run on `num_nodes` x `tasks_per_node` tasks, or a ConfigError naming
     the key that cannot work with it."""

@@ -350,7 +350,7 @@ class LeadTeam:
 def weight_sender(cfg: RecipeConfig, spec: WeightGroupSpec) -> Any:
     """Trainer rank 0's end of the weight group, for the generators' engine (collective: blocks
     until every generator has joined)."""
-    if cfg.engine.generator == "vllm" or (cfg.engine.generator == "auto" and torch.cuda.is_available()):
+    if train_mod.uses_vllm(cfg):
         from recipe.engines.vllm_engine import vllm_weight_sender
 
         return vllm_weight_sender(spec)
@@ -635,7 +635,7 @@ def build_generator(
     """`engine.generator`'s streaming engine, holding the model directory's weights, on this
     task's GPU (`job_placement`; `layout` None: a layout of one trainer and generators after it)."""
     model_dir = resolve_model_dir(cfg.model.path, log)
-    if cfg.engine.generator == "vllm" or (cfg.engine.generator == "auto" and torch.cuda.is_available()):
+    if train_mod.uses_vllm(cfg):
         from recipe.engines.vllm_engine import VllmGenerator, settings_from_config
 
         layout = layout or Layout(env.num_nodes, env.tasks_per_node, env.num_tasks - 1)

