@@ -346,17 +346,7 @@ class VllmGenerator:
     async def _init_transfer(self, spec: WeightGroupSpec, rank: int) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
-        info: dict[str, Any] = {
-            "master_address": spec.host,
-            "master_port": spec.port,
-            "rank_offset": rank,
-            "world_size": spec.world_size,
-        }
-        if spec.backend == "gloo":
-            info["timeout_s"] = spec.timeout_s
-        else:
-            info["packed"] = False  # one broadcast per tensor in meta order, as VllmNcclWeightSender sends
-        await self._engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
+        await self._engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=transfer_init_info(spec, rank)))
 
     def receive_weights(self, version: int, meta: WeightMeta) -> None:
         """Take trainer rank 0's push of `version` (collective with its `push`)."""
@@ -367,11 +357,7 @@ class VllmGenerator:
     async def _receive(self, version: int, meta: WeightMeta) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        update = {
-            "names": [m[0] for m in meta],
-            "dtype_names": [m[1] for m in meta],
-            "shapes": [list(m[2]) for m in meta],
-        }
+        update = transfer_update_info(meta)
         # keep: running requests stay scheduled with their KV cache and continue on the new
         # weights; the cache is kept too (new requests are salted by version instead).
         await self._engine.pause_generation(mode="keep", clear_cache=False)
@@ -426,6 +412,36 @@ class VllmGenerator:
             await asyncio.gather(handler, return_exceptions=True)
 
 
+def transfer_init_info(spec: WeightGroupSpec, rank: int) -> dict[str, Any]:
+    """What a generator engine is sent to join the weight group as `rank`: the init info of the
+    backend's engine (`vllm_worker.GlooInitInfo`; vLLM's `NCCLWeightTransferInitInfo`)."""
+    info: dict[str, Any] = {
+        "master_address": spec.host,
+        "master_port": spec.port,
+        "rank_offset": rank,
+        "world_size": spec.world_size,
+    }
+    if spec.backend == "gloo":
+        info["timeout_s"] = spec.timeout_s
+    else:
+        info["packed"] = False  # one broadcast per tensor in meta order, as VllmNcclWeightSender sends
+    return info
+
+
+def trainer_init_info(spec: WeightGroupSpec) -> dict[str, Any]:
+    """Trainer rank 0's end of vLLM's nccl backend (`nccl_common.trainer_init`, rank 0 of the group)."""
+    return {"master_address": spec.host, "master_port": spec.port, "world_size": spec.world_size}
+
+
+def transfer_update_info(meta: WeightMeta) -> dict[str, Any]:
+    """One push's update info (the same keys for the gloo backend and vLLM's nccl one)."""
+    return {
+        "names": [m[0] for m in meta],
+        "dtype_names": [m[1] for m in meta],
+        "shapes": [list(m[2]) for m in meta],
+    }
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -459,9 +475,7 @@ class VllmNcclWeightSender:
 
         self.spec = spec
         self.version = 0
-        self.communicator = trainer_init(
-            {"master_address": spec.host, "master_port": spec.port, "world_size": spec.world_size}
-        )
+        self.communicator = trainer_init(trainer_init_info(spec))
 
     def push(self, weights: Sequence[tuple[str, torch.Tensor]], *, version: int) -> None:
         stream = torch.cuda.current_stream()

@@ -89,12 +89,9 @@ class ColocatedVllm:
 
         self._owns_default_group = not (dist.is_available() and dist.is_initialized())
         self.sleep_mode = bool(current_platform.is_sleep_mode_available())
-        args = settings.engine_args()
-        for key in ("weight_transfer_config", "worker_extension_cls"):  # weights come in place, not over a group
-            args.pop(key, None)
         threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
         with _host_rng_kept():
-            self.llm = LLM(**args, enable_sleep_mode=self.sleep_mode)
+            self.llm = LLM(**colocated_engine_args(settings, sleep_mode=self.sleep_mode))
         torch.set_num_threads = set_num_threads  # vLLM's CPU worker replaces it with a no-op
         torch.set_num_threads(threads)
 
@@ -240,6 +237,15 @@ class ColocatedVllm:
         destroy_model_parallel()
         if self._owns_default_group:
             destroy_distributed_environment()
+
+
+def colocated_engine_args(settings: VllmSettings, *, sleep_mode: bool) -> dict[str, Any]:
+    """`LLM`'s keyword arguments: the generator's engine, without a weight-transfer backend
+    (weights come in place), with sleep mode where the platform has it."""
+    args = settings.engine_args()
+    for key in ("weight_transfer_config", "worker_extension_cls"):
+        args.pop(key, None)
+    return args | {"enable_sleep_mode": sleep_mode}
 
 
 def _rows(mask_BP: torch.Tensor | None, num_rows: int) -> Iterator[list[bool] | None]:
