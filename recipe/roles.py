@@ -196,7 +196,7 @@ def join_trainer_group(env: TaskEnv, layout: Layout, rendezvous: Rendezvous) -> 
         MASTER_ADDR=rendezvous.host,
         MASTER_PORT=str(rendezvous.trainer_port),
     )
-    if rendezvous.backend == "nccl":
+    if torch.cuda.is_available():  # the policy goes to the current device (`recipe.train.policy_device`)
         torch.cuda.set_device(device_for(env))
     dist.init_process_group(rendezvous.backend, init_method="env://", timeout=timedelta(seconds=peer_timeout_s()))
 

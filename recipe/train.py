@@ -327,8 +327,9 @@ def is_eval_step(step: int, cfg: RecipeConfig) -> bool:
 
 def check_engine(cfg: RecipeConfig) -> None:
     """The engines this version runs: torch everywhere, DeepSpeed (ZeRO stages 0-2) for the trainers
-    where it is installed, vLLM on generator ranks (`recipe.roles`); `auto` means vLLM and DeepSpeed
-    on a machine with CUDA, torch without."""
+    where it is installed, vLLM where it imports, on generator ranks (`recipe.roles`) or colocated in
+    this process (`generator_ranks: 0`, `recipe.loop.colocated`); `auto` means vLLM (where it
+    imports) and DeepSpeed on a machine with CUDA, torch without."""
     import importlib.util
     import sys
 
