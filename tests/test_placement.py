@@ -190,3 +190,24 @@ def test_place_job_refuses_a_layout_without_trainers() -> None:
     view = slurm_view({}, num_nodes=1, tasks_per_node=2, device_count=0)
     with pytest.raises(ValueError, match="num_trainers"):
         place_job(view, 0)
+
+
+def test_the_roles_place_tasks_by_slurms_view_fake_gpu(monkeypatch):
+    """`recipe.roles` reads this task's environment and torch's GPU count (faked: no GPU here)."""
+    import torch
+
+    from recipe import roles
+    from recipe.config import Layout as RunLayout
+
+    layout = LAYOUTS[1]  # 1 x 8, two generators, --gpus-per-task with cgroups
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for rank in (0, 5, 7):
+        for key, value in slurm_env(layout, rank).items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setenv("SLURM_JOB_ID", "42")
+        env = roles.task_env()
+        assert env.local_rank == rank  # SLURM_LOCALID ...
+        job = roles.job_placement(env, RunLayout(1, 8, 2))
+        assert str(roles.device_for(env)) == "cuda:0" == job.tasks[rank].device  # ... is not the device
+        assert job.tasks[rank].local_rank == 0
+        assert (job.trainer_backend, job.weight_backend, job.num_gpus) == ("nccl", "nccl", 8)
