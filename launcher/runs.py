@@ -13,7 +13,7 @@ from typing import Any
 
 from launcher.launch import LaunchError, _submit
 from recipe.config import ConfigError, RecipeConfig, canonical_json, read_run_files, write_run_files
-from recipe.provenance import code_version
+from recipe.telemetry.provenance import code_version
 from store import NewRun, NotFoundError, RunRecord, RunState, Store
 
 LAST_EVAL_POINTS = 5

@@ -97,7 +97,7 @@ def executor_parameters(params: dict[str, Any], job_name: str) -> dict[str, Any]
     out: dict[str, Any] = {
         "job_name": job_name,
         "nodes": params["nodes"],
-        "ntasks_per_node": int(params.get("tasks_per_node", 1)),  # a run's generator and trainer ranks (recipe.roles)
+        "ntasks_per_node": int(params.get("tasks_per_node", 1)),  # a run's generator and trainer ranks (recipe.pipeline)
         "cpus_per_task": params["cpus_per_task"],
         "time": int(params["timeout_min"]),
         "signal_delay_s": int(params["signal_delay_s"]),

@@ -98,7 +98,7 @@ class ModelConfig(Section):
 
 
 SUMK_DIGITS = (1, 12)
-"""The k a sumk prompt may have (recipe.tasks_think.MIN_DIGITS, MAX_DIGITS; a test keeps them equal)."""
+"""The k a sumk prompt may have (recipe.tasks.sumk.MIN_DIGITS, MAX_DIGITS; a test keeps them equal)."""
 SUMK_ANSWER_TOKENS = 4
 """sumk's new tokens beyond its scratchpad (a running sum per digit): `</think>`, two answer digits, EOS."""
 BUILTIN_MODEL_TASKS = {"builtin:sort6-tiny": "sort6", "builtin:sumk-tiny": "sumk", "builtin:sumk-small": "sumk"}
@@ -277,7 +277,7 @@ class EngineConfig(Section):
     bit for bit. fast (the torch trainer): each prompt's positions computed once for its group in
     the trainer's pass, and the fused AdamW: the same math, rounded differently (docs/decisions.md).
     compiled: fast, with that pass and the training batches' decode steps through torch.compile
-    (recipe/compiled.py): a compile of ~30 s per process on the built-in models, and once more on
+    (recipe/model/compiled.py): a compile of ~30 s per process on the built-in models, and once more on
     the first batch of a new shape; for long runs. The DeepSpeed trainer computes as reference
     whatever the value."""
 

@@ -193,10 +193,10 @@ def test_place_job_refuses_a_layout_without_trainers() -> None:
 
 
 def test_the_roles_place_tasks_by_slurms_view_fake_gpu(monkeypatch):
-    """`recipe.roles` reads this task's environment and torch's GPU count (faked: no GPU here)."""
+    """`recipe.pipeline.env` reads this task's environment and torch's GPU count (faked: no GPU here)."""
     import torch
 
-    from recipe import roles
+    from recipe.pipeline import env as roles
     from recipe.config import Layout as RunLayout
 
     layout = LAYOUTS[1]  # 1 x 8, two generators, --gpus-per-task with cgroups

@@ -15,12 +15,17 @@ pytest.importorskip("vllm", reason="the colocated engine's tests need vllm (CPU:
 
 import torch  # noqa: E402
 
-from recipe import builtin, train  # noqa: E402
 from recipe.config import resolve, resolve_generator  # noqa: E402
+from recipe.loop.checks import check_engine, generation_cap, interrupt_rule  # noqa: E402
 from recipe.loop.colocated import ColocatedTrainer, colocate  # noqa: E402
-from recipe.model import completion_logprobs  # noqa: E402
-from recipe.sink import MemorySink  # noqa: E402
-from recipe.tasks import load_task  # noqa: E402
+from recipe.loop.rollout import LocalRollouts  # noqa: E402
+from recipe.loop.state import initial_state, uses_vllm  # noqa: E402
+from recipe.loop.train import train  # noqa: E402
+from recipe.loop.update import policy_update  # noqa: E402
+from recipe.model.policy import completion_logprobs  # noqa: E402
+from recipe.tasks import builtin  # noqa: E402
+from recipe.tasks.task import load_task  # noqa: E402
+from recipe.telemetry.sinks import MemorySink  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -70,13 +75,13 @@ def test_samples_follow_the_trainers_weights_after_each_step(model_dir):
     cfg = colocated_recipe(model_dir, **{"length.control": "penalty", "length.penalty_max": 12, "length.penalty_cache": 8})
     task = load_task(cfg.data)
     log = []
-    state = train.initial_state(cfg, task, train.generation_cap(cfg, task, log.append), log.append)
-    state.interrupt = train.interrupt_rule(cfg, task, state.tokenizer, state.max_new_tokens, log.append)
+    state = initial_state(cfg, task, generation_cap(cfg, task, log.append), log.append)
+    state.interrupt = interrupt_rule(cfg, task, state.tokenizer, state.max_new_tokens, log.append)
     state.colocated, state.trainer = colocate(cfg, state.trainer, state.tokenizer, log.append)
     assert isinstance(state.trainer, ColocatedTrainer)
     assert any("vLLM colocated" in line for line in log)
     first_weights = {n: p.detach().clone() for n, p in state.model.named_parameters()}
-    source = train.LocalRollouts()
+    source = LocalRollouts()
     try:
         for step in range(3):
             rollout = source.next_rollout(state)
@@ -98,7 +103,7 @@ def test_samples_follow_the_trainers_weights_after_each_step(model_dir):
                         p.copy_(current[n])
                 assert float((behaviour - old).abs().max()) > 20 * LOGP_TOLERANCE
             assert bool((c.lengths_B <= state.max_new_tokens).all()) and bool(c.finished_B.any())
-            metrics = train.policy_update(state, rollout)
+            metrics = policy_update(state, rollout)
             assert abs(metrics["ratio_max"] - 1) < 5 * LOGP_TOLERANCE and abs(metrics["ratio_min"] - 1) < 5 * LOGP_TOLERANCE
             state.step += 1
     finally:
@@ -110,8 +115,8 @@ def test_interruption_matches_the_torch_samplers_rule(model_dir):
     """Budget b: a row still thinking after b tokens gets the whole phrase next, then answers."""
     cfg = colocated_recipe(model_dir, **{"length.interrupt_min": 1, "length.interrupt_max": 1})
     task = load_task(cfg.data)
-    state = train.initial_state(cfg, task, train.generation_cap(cfg, task, print), print)
-    rule = train.interrupt_rule(cfg, task, state.tokenizer, state.max_new_tokens, print)
+    state = initial_state(cfg, task, generation_cap(cfg, task, print), print)
+    rule = interrupt_rule(cfg, task, state.tokenizer, state.max_new_tokens, print)
     engine, _ = colocate(cfg, state.trainer, state.tokenizer, print)
     try:
         engine.sync(state.trainer.named_weights, 0)
@@ -145,7 +150,7 @@ def test_a_short_colocated_run_trains_and_evaluates(model_dir, tmp_path):
     cfg = colocated_recipe(model_dir)
     sink = MemorySink()
     lines: list[str] = []
-    outcome = train.train(cfg, tmp_path, sink, log=lines.append)
+    outcome = train(cfg, tmp_path, sink, log=lines.append)
     assert outcome.state == "completed" and outcome.final_step == 3
     assert sorted(sink.eval_points) == [0, 1, 2, 3]
     for point in sink.eval_points.values():
@@ -167,10 +172,10 @@ def test_auto_with_no_generator_ranks_is_colocated_vllm_on_a_gpu_target_fake_gpu
     assert resolve_generator("torch", cuda=True, vllm=True) == "torch"
     cfg = colocated_recipe(model_dir, **{"engine.generator": "auto"})
     assert cfg.engine.generator_ranks == 0
-    assert not train.uses_vllm(cfg)  # this machine: no CUDA
+    assert not uses_vllm(cfg)  # this machine: no CUDA
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert train.uses_vllm(cfg)
-    train.check_engine(cfg)  # the job takes it
+    assert uses_vllm(cfg)
+    check_engine(cfg)  # the job takes it
 
     from launcher.grid import SweepSpec
     from launcher.preflight import check_layouts

@@ -17,12 +17,12 @@ What TRL's colocate mode and verl's hybrid engine do, in the trainer's own proce
   sleeps at level 2 (KV cache and weights freed) before every optimizer step
   (`ColocatedTrainer`) and wakes before the next generation: weights first, loaded, then the KV
   cache. On CPU the engine stays awake.
-- **The same batches.** `ColocatedVllm.sample` returns `recipe.sampler.Completions`, exactly what
+- **The same batches.** `ColocatedVllm.sample` returns `recipe.model.sampler.Completions`, exactly what
   the torch sampler returns: the rest of the loop (rewards, advantages, the update, evaluation)
   does not know which engine sampled. Behaviour log-probs are vLLM's processed log-probs at
   temperature 1 with the fp32 head (`recipe.engines.vllm_engine.VllmSettings`), the quantity the
   trainer computes. Seeds come from the run's sampling stream, so a resumed run draws the same ones.
-- **Forced interruption** (`length.control=interrupt`), as `recipe.sampler` defines it: a row is
+- **Forced interruption** (`length.control=interrupt`), as `recipe.model.sampler` defines it: a row is
   first sampled up to its thinking budget; a row that has not closed its thinking by then gets the
   interruption phrase appended (forced tokens, their log-probs the policy's own, from the
   continuation's prompt log-probs) and its answer sampled by a continuation request; a row that
@@ -48,11 +48,11 @@ import torch
 
 from transformers import PreTrainedTokenizerBase
 
-from recipe.builtin import resolve_model_dir
 from recipe.config import RecipeConfig
 from recipe.engines.base import TrainBatch, Trainer
 from recipe.engines.vllm_engine import CPU_ENV_DEFAULTS, VllmSettings, require_vllm, settings_from_config
-from recipe.sampler import Completions, Interrupt
+from recipe.model.sampler import Completions, Interrupt
+from recipe.tasks.builtin import resolve_model_dir
 
 SEED_MODULUS = 2**31 - 1
 
