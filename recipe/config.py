@@ -272,6 +272,11 @@ class EngineConfig(Section):
     zero_stage: int = bounded(2, lo=0, hi=3)
     """DeepSpeed's ZeRO stage (engine.trainer=deepspeed): 0 plain data parallel, 1 optimizer
     state, 2 + gradients, 3 + parameters sharded over the trainer ranks."""
+    peer_timeout_s: float = bounded(1800.0, lo=1.0, hi=7 * 86400.0)
+    """Seconds one task of a multi-task run waits for another before it fails the attempt naming
+    whom it waited for: joining the groups, a weight push, trainer rank 0 waiting for rollouts, a
+    generator waiting for its next command. Longer than trainer rank 0's longest silence in a
+    healthy run (its evaluation and checkpoint); docs/multinode.md."""
     kernels: Literal["reference", "fast", "compiled"] = "reference"
     """reference: the trainer's pass is transformers' Llama forward and the update torch's AdamW,
     bit for bit. fast (the torch trainer): each prompt's positions computed once for its group in
@@ -719,12 +724,5 @@ def check_layout(cfg: RecipeConfig, *, num_nodes: int, tasks_per_node: int) -> L
         raise ConfigError(
             "async.mode", f"{cfg.async_.mode!r} with engine.generator_ranks={ranks}: separate generator ranks "
             "stream under 'pipeline' only; use async.mode=pipeline or engine.generator_ranks=0"
-        )  # fmt: skip
-    trainers = layout.num_trainers
-    if num_nodes > 1 and trainers > tasks_per_node and trainers % tasks_per_node:
-        raise ConfigError(
-            key, f"{ranks} with {shape}: the {trainers} trainer ranks would share a node with generators; "
-            f"trainers fill whole nodes, so {tasks} - generator_ranks must be a multiple of {tasks_per_node} "
-            f"(or at most {tasks_per_node})"
         )  # fmt: skip
     return layout

@@ -86,6 +86,7 @@ def main(run_dir: str | Path) -> RunState | str:
     record = provenance.collect(
         sweep_file=info.get("sweep_file"), sweep_file_sha256=info.get("sweep_file_sha256"), config=cfg.to_dict()
     )
+    record["hosts"] = [{"task": 0, "role": "trainer", "rank": 0, "host": record["host"], "pid": os.getpid()}]
     retry(lambda: store.update_attempt(attempt.id, provenance=record), "recording the provenance")
     log.info(
         "run %s (sweep %s), attempt %d, pid %d on %s, store %s",
@@ -100,9 +101,13 @@ def main(run_dir: str | Path) -> RunState | str:
             outcome = train(cfg, run_dir, sink, should_stop=stop, log=log.info)
         else:
             with LeadTeam(cfg, run_dir, env, layout, log.info, should_stop=stop) as team:
+                record["hosts"] = team.hosts
+                retry(lambda: store.update_attempt(attempt.id, provenance=record), "recording the tasks' hosts")
                 outcome = train(cfg, run_dir, sink, should_stop=stop, log=log.info, team=team)
     except Exception as exc:
         reason = f"{type(exc).__name__}: {exc} (log: {attempt.stderr_path or 'the job stderr'})"
+        for task in getattr(exc, "tasks", ()):  # a lost peer (recipe.pipeline.transport.PeerLost): its own log says why
+            reason += f"; task {task}'s log: `sweep logs {run_id} --task {task}`"
         _flush(sink)
         retry(lambda: store.settle_attempt(attempt.id, RunState.FAILED, reason), "recording the failure")
         raise

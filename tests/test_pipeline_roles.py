@@ -23,7 +23,7 @@ def pipeline_config(model_dir, **overrides):
 
 
 def _task(rank: int, config: dict, run_dir: str, attempt: str, stop_after: int | None, results) -> None:
-    os.environ.update(SWEEP_NUM_TASKS="3", SWEEP_TASK_RANK=str(rank), SWEEP_ATTEMPT=attempt, SWEEP_PEER_TIMEOUT_S="120")
+    os.environ.update(SWEEP_NUM_TASKS="3", SWEEP_TASK_RANK=str(rank), SWEEP_ATTEMPT=attempt)
     from pathlib import Path
 
     from recipe.config import RecipeConfig

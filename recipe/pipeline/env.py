@@ -25,12 +25,6 @@ log = logging.getLogger("recipe")
 TRAINER_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
-def peer_timeout_s() -> float:
-    """How long a task waits for another before it gives up ($SWEEP_PEER_TIMEOUT_S, default 1800):
-    long enough for trainer rank 0's evaluation and checkpoints, during which the others wait."""
-    return float(os.environ.get("SWEEP_PEER_TIMEOUT_S", "1800"))
-
-
 @dataclass(frozen=True)
 class TaskEnv:
     """This task's place in the run's job."""
@@ -85,7 +79,7 @@ def _slurm_view(env: TaskEnv) -> SlurmView:
     )
 
 
-def join_trainer_group(env: TaskEnv, layout: Layout, rendezvous: Rendezvous) -> None:
+def join_trainer_group(env: TaskEnv, layout: Layout, rendezvous: Rendezvous, timeout_s: float) -> None:
     """The trainers' own default group; its variables are exported for engines that read them (DeepSpeed)."""
     os.environ.update(
         WORLD_SIZE=str(layout.num_trainers),
@@ -96,7 +90,7 @@ def join_trainer_group(env: TaskEnv, layout: Layout, rendezvous: Rendezvous) -> 
     )
     if torch.cuda.is_available():  # the policy goes to the current device (`recipe.loop.state.policy_device`)
         torch.cuda.set_device(device_for(env))
-    dist.init_process_group(rendezvous.backend, init_method="env://", timeout=timedelta(seconds=peer_timeout_s()))
+    dist.init_process_group(rendezvous.backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
 
 
 def leave_trainer_env() -> None:

@@ -4,7 +4,6 @@ meets the other tasks (`LeadTeam`) and streams its batches from the generators u
 
 from __future__ import annotations
 
-import socket
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -23,9 +22,9 @@ from recipe.loop.lag import Admission, Span, is_stale
 from recipe.loop.rollout import StopBeforeStep, shaped_rewards
 from recipe.loop.state import Rollout, RunState
 from recipe.model.sampler import Completions
-from recipe.pipeline.env import TaskEnv, job_placement, join_trainer_group, peer_timeout_s, uses_vllm
-from recipe.pipeline.rendezvous import Rendezvous, free_port, publish
-from recipe.pipeline.transport import ControlServer, group_from_wire, meta_to_wire
+from recipe.pipeline.env import TaskEnv, job_placement, join_trainer_group, uses_vllm
+from recipe.pipeline.rendezvous import Rendezvous, announce, free_port, publish, rendezvous_host, task_hosts
+from recipe.pipeline.transport import ControlServer, PeerLost, group_from_wire, meta_to_wire
 
 
 class LeadTrainer:
@@ -83,29 +82,41 @@ class LeadTeam:
         placement = job_placement(env, layout)
         self.num_gpus = placement.num_gpus  # what the job's tasks occupy, not its tasks
         backend, weight_backend = placement.trainer_backend, placement.weight_backend
+        self.timeout_s = cfg.engine.peer_timeout_s
         self.control = ControlServer(layout.num_generators)
+        announce(run_dir, env.attempt_key, env.rank, "trainer", 0)
         self.rendezvous = Rendezvous(
-            env.attempt_key, socket.gethostname(), self.control.port, free_port(""), free_port(""), backend, weight_backend
-        )
+            env.attempt_key, rendezvous_host(env.num_nodes), self.control.port, free_port(""), free_port(""),
+            backend, weight_backend,
+        )  # fmt: skip
         publish(run_dir, self.rendezvous)
         log(
             f"layout: {layout.num_trainers} trainer rank(s), {layout.num_generators} generator rank(s) "
             f"on {layout.num_nodes} node(s); control {self.rendezvous.control_address}"
         )
-        join_trainer_group(env, layout, self.rendezvous)
+        join_trainer_group(env, layout, self.rendezvous, self.timeout_s)
         self._wait_for_generators()
+        # Every task announced itself before it joined: the trainers' group and the generators'
+        # hello are behind us.
+        self.hosts = task_hosts(run_dir, env.attempt_key)
+        generators = [t for t in self.hosts if t["role"] == "generator"]
+        self.control.names = {t["rank"]: f"generator {t['rank']} (task {t['task']} on {t['host']})" for t in generators}
+        self.control.tasks = {t["rank"]: t["task"] for t in generators}
+        log("tasks: " + ", ".join(f"{t['role']} {t['rank']} on {t['host']}" for t in self.hosts))
         spec = WeightGroupSpec(
-            self.rendezvous.host, self.rendezvous.weight_port, layout.num_generators, weight_backend, peer_timeout_s()
+            self.rendezvous.host, self.rendezvous.weight_port, layout.num_generators, weight_backend, self.timeout_s
         )
         self.sender = weight_sender(cfg, spec)
         self.leader: LeadTrainer | None = None
 
     def _wait_for_generators(self) -> None:
-        waiting, deadline = set(range(self.layout.num_generators)), time.monotonic() + peer_timeout_s()
+        waiting, deadline = set(range(self.layout.num_generators)), time.monotonic() + self.timeout_s
         while waiting:
             got = self.control.recv(timeout_s=max(0.0, deadline - time.monotonic()))
             if got is None:
-                raise TimeoutError(f"generator ranks {sorted(waiting)} did not connect within {peer_timeout_s():.0f} s")
+                raise TimeoutError(
+                    f"generator ranks {sorted(waiting)} did not connect within engine.peer_timeout_s={self.timeout_s:.0f} s"
+                )
             index, message = got
             _raise_if_error(index, message)
             waiting.discard(index)
@@ -210,7 +221,8 @@ class PipelineRollouts:
     # -- the source --------------------------------------------------------------------------
 
     def next_rollout(self, state: RunState) -> Rollout:
-        deadline = time.monotonic() + peer_timeout_s()
+        timeout_s = state.cfg.engine.peer_timeout_s
+        deadline = time.monotonic() + timeout_s
         while True:
             taken = self.take_batch(state.step)
             if taken is not None:
@@ -223,11 +235,15 @@ class PipelineRollouts:
                 raise StopBeforeStep("a stop signal arrived while waiting for rollouts")
             self.dispatch(state)
             if self.receive(state, timeout_s=1.0):
-                deadline = time.monotonic() + peer_timeout_s()
+                deadline = time.monotonic() + timeout_s
             elif time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"no rollouts from the generator ranks for {peer_timeout_s():.0f} s "
-                    f"({len(self.in_flight)} groups in flight, {len(self.arrived)} waiting)"
+                waited_on = sorted({index for _, index in self.in_flight.values()})
+                raise PeerLost(
+                    f"no rollouts for engine.peer_timeout_s={timeout_s:.0f} s from "
+                    f"{', '.join(self.control.name(i) for i in waited_on) or 'the generator ranks'} "
+                    f"({len(self.in_flight)} groups in flight, {len(self.arrived)} waiting): "
+                    "the process died, or its node or the network between is down",
+                    tuple(self.control.tasks[i] for i in waited_on if i in self.control.tasks),
                 )
 
     def after_step(self, state: RunState) -> dict[str, float]:
@@ -369,7 +385,13 @@ class PipelineRollouts:
         """Version `state.step` to every generator: its meta over the control channel, then the tensors."""
         weights = list(state.trainer.named_weights())
         self.control.broadcast({"type": "weights", "version": state.step, "meta": meta_to_wire(weight_meta(weights))})
-        self.sender.push(weights, version=state.step)
+        try:
+            self.sender.push(weights, version=state.step)
+        except RuntimeError as exc:  # the collective's own timeout (engine.peer_timeout_s) or a closed peer
+            everyone = ", ".join(self.control.name(i) for i in range(self.control.num_generators))
+            raise PeerLost(
+                f"the weight push of version {state.step} to {everyone} failed: {exc}", tuple(self.control.tasks.values())
+            ) from exc
         self.generator_version = state.step
 
 

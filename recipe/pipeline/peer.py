@@ -25,11 +25,10 @@ from recipe.pipeline.env import (
     join_trainer_group,
     layout_of,
     leave_trainer_env,
-    peer_timeout_s,
     uses_vllm,
 )
-from recipe.pipeline.rendezvous import Rendezvous, wait_for_rendezvous
-from recipe.pipeline.transport import ControlClient, group_to_wire, meta_from_wire
+from recipe.pipeline.rendezvous import Rendezvous, announce, wait_for_rendezvous
+from recipe.pipeline.transport import ControlClient, PeerLost, group_to_wire, meta_from_wire
 from recipe.tasks.builtin import resolve_model_dir
 
 
@@ -37,11 +36,13 @@ def run_peer(cfg: RecipeConfig, run_dir: Path, env: TaskEnv, log: Callable[[str]
     """Task `env.rank` > 0 of a multi-task run: a trainer follower or a generator."""
     ignore_stop_signals()
     layout = layout_of(cfg, env)
-    rendezvous = wait_for_rendezvous(run_dir, env.attempt_key, peer_timeout_s())
+    rendezvous = wait_for_rendezvous(run_dir, env.attempt_key, cfg.engine.peer_timeout_s)
     torch.set_num_threads(cfg.engine.threads)
     if layout.is_trainer(env.rank):
+        announce(run_dir, env.attempt_key, env.rank, "trainer", env.rank)
         run_trainer_follower(cfg, env, layout, rendezvous, log)
         return f"trainer rank {env.rank} done"
+    announce(run_dir, env.attempt_key, env.rank, "generator", layout.generator_index(env.rank))
     run_generator(cfg, layout, rendezvous, env, log)
     return f"generator {layout.generator_index(env.rank)} done"
 
@@ -49,7 +50,7 @@ def run_peer(cfg: RecipeConfig, run_dir: Path, env: TaskEnv, log: Callable[[str]
 def run_trainer_follower(
     cfg: RecipeConfig, env: TaskEnv, layout: Layout, rendezvous: Rendezvous, log: Callable[[str], None]
 ) -> None:
-    join_trainer_group(env, layout, rendezvous)
+    join_trainer_group(env, layout, rendezvous, cfg.engine.peer_timeout_s)
     try:
         torch.manual_seed(cfg.seed)
         model, _ = load_policy(
@@ -115,11 +116,12 @@ def run_generator(
         engine = build_generator(cfg, env, log, layout)
         client.send({"type": "hello", "index": index})
         spec = WeightGroupSpec(
-            rendezvous.host, rendezvous.weight_port, layout.num_generators, rendezvous.weight_backend, peer_timeout_s()
-        )
+            rendezvous.host, rendezvous.weight_port, layout.num_generators, rendezvous.weight_backend,
+            cfg.engine.peer_timeout_s,
+        )  # fmt: skip
         engine.join_weight_group(spec, index)
         log(f"generator {index}: joined the weight group ({rendezvous.weight_backend})")
-        _generate_until_stopped(engine, client, index, log)
+        _generate_until_stopped(engine, client, index, log, cfg.engine.peer_timeout_s)
     except Exception as exc:
         client.send({"type": "error", "message": f"{type(exc).__name__}: {exc}"})
         raise
@@ -127,7 +129,9 @@ def run_generator(
         client.close()
 
 
-def _generate_until_stopped(engine: Any, client: ControlClient, index: int, log: Callable[[str], None]) -> None:
+def _generate_until_stopped(
+    engine: Any, client: ControlClient, index: int, log: Callable[[str], None], timeout_s: float
+) -> None:
     """Each "groups" message also carries `busy_seconds`: the wall time since the previous one
     during which groups were in flight, pushes excluded (the engine's generation time)."""
     running = 0  # groups submitted and not yet sent back
@@ -165,8 +169,8 @@ def _generate_until_stopped(engine: Any, client: ControlClient, index: int, log:
                 busy_seconds, busy_since = busy_seconds + now - busy_since, (now if running else None)
                 client.send(_groups_message(groups) | {"busy_seconds": busy_seconds})
                 busy_seconds = 0.0
-        elif time.monotonic() - last_heard > peer_timeout_s():
-            raise TimeoutError(f"nothing from trainer rank 0 for {peer_timeout_s():.0f} s")
+        elif time.monotonic() - last_heard > timeout_s:
+            raise PeerLost(f"nothing from trainer rank 0 for engine.peer_timeout_s={timeout_s:.0f} s")
 
 
 def _groups_message(groups: list[Group]) -> dict[str, Any]:
