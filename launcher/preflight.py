@@ -96,8 +96,8 @@ def check_engine(sweep_path: str, key: str, value: str, config: RecipeConfig) ->
             f"{value!r} needs the {module!r} package, which {sys.executable} cannot import; "
             "install it on the nodes (pip install -e '.[gpu]') or choose 'torch'",
         )
-    # vllm runs on generator ranks: check_layouts says whether the run has any. deepspeed trains on
-    # every trainer rank.
+    # vllm runs on generator ranks, or colocated in the one task (generator_ranks 0); deepspeed
+    # trains on every trainer rank.
 
 
 def check_zero_stage(sweep_path: str, key: str, value: str, config: RecipeConfig) -> None:
@@ -132,7 +132,7 @@ CHECKS: tuple[tuple[str, Callable[[str, str, str, RecipeConfig], None]], ...] = 
 def check_layouts(spec: SweepSpec, configs: Sequence[RecipeConfig]) -> None:
     """Every run's trainer and generator ranks fit the job's `resources.nodes` x
     `resources.tasks_per_node` tasks (`recipe.config.check_layout`, the rule the job applies to
-    the tasks it gets), one task per GPU, and the vLLM engine has generator ranks to run on."""
+    the tasks it gets), one task per GPU. vLLM with `generator_ranks: 0` runs colocated in the task."""
     nodes, per_node = int(spec.resources.get("nodes", 1)), int(spec.resources.get("tasks_per_node", 1))
     gpus = int(spec.resources.get("gpus_per_node") or 0)
     if gpus and per_node > 1 and gpus != per_node:
@@ -150,12 +150,6 @@ def check_layouts(spec: SweepSpec, configs: Sequence[RecipeConfig]) -> None:
             check_layout(config, num_nodes=nodes, tasks_per_node=per_node)
         except ConfigError as exc:
             raise GridError(spec.path, exc.key, exc.detail) from None
-        if config.engine.generator == "vllm" and not config.engine.generator_ranks:
-            raise GridError(
-                spec.path, "engine.generator", "'vllm' with engine.generator_ranks=0: the vLLM engine runs on "
-                "generator ranks in this version; set engine.generator_ranks >= 1 (with resources.tasks_per_node "
-                "to match) or choose 'torch'"
-            )  # fmt: skip
 
 
 def check_root(root: Path) -> Path:

@@ -301,6 +301,10 @@ class EngineConfig(Section):
     generator_ranks: int = bounded(0, lo=0, hi=4096)
     """How many of the run's job tasks generate (the rest train). 0: one task that alternates
     generation and training, so `async.mode=pipeline` runs synchronously (lag 0)."""
+    gpu_memory_utilization: float | None = bounded(None, lo=0.0, hi=1.0, lo_open=True)
+    """The share of its GPU's memory a vLLM engine takes (weights, activations, KV cache): vLLM's
+    own `gpu_memory_utilization`. None: 0.85 on a GPU of its own (a generator rank), 0.3 where it
+    shares the GPU with the trainer (`generator_ranks: 0`, vLLM colocated, as TRL's colocate mode)."""
     zero_stage: int = bounded(2, lo=0, hi=3)
     """DeepSpeed's ZeRO stage (engine.trainer=deepspeed): 0 plain data parallel, 1 optimizer
     state, 2 + gradients, 3 + parameters sharded over the trainer ranks."""
@@ -317,6 +321,12 @@ class EngineConfig(Section):
     (recipe/model/compiled.py): a compile of ~30 s per process on the built-in models, and once more on
     the first batch of a new shape; for long runs. The DeepSpeed trainer computes as reference
     whatever the value."""
+
+    def vllm_memory_share(self, *, shares_gpu: bool) -> float:
+        """`gpu_memory_utilization` resolved for an engine that shares its GPU with a trainer or not."""
+        if self.gpu_memory_utilization is not None:
+            return self.gpu_memory_utilization
+        return 0.3 if shares_gpu else 0.85
 
 
 @dataclass(kw_only=True)
@@ -768,6 +778,14 @@ class Layout:
         if self.is_trainer(rank):
             raise ValueError(f"task {rank} is trainer rank {rank}, not a generator")
         return rank - self.num_trainers
+
+
+def resolve_generator(requested: str, *, cuda: bool, vllm: bool) -> str:
+    """`engine.generator` resolved for a machine: `auto` is vLLM where a GPU and vllm are both at
+    hand (on generator ranks, or colocated in the one task of `generator_ranks: 0`), else torch."""
+    if requested != "auto":
+        return requested
+    return "vllm" if cuda and vllm else "torch"
 
 
 def check_layout(cfg: RecipeConfig, *, num_nodes: int, tasks_per_node: int) -> Layout:

@@ -1,6 +1,7 @@
 """The training loop end to end on a tiny real model: eval points, checkpoints, resume,
 off-policy lag, budgets, filters, and what this engine refuses."""
 
+import importlib.util
 from dataclasses import dataclass, field
 
 import pytest
@@ -12,7 +13,7 @@ from recipe.loop import checkpoint
 from recipe.loop.checks import check_engine
 from recipe.loop.evaluate import is_eval_step
 from recipe.loop.rollout import generate_batch, shaped_rewards
-from recipe.loop.state import initial_state
+from recipe.loop.state import initial_state, uses_deepspeed, uses_vllm
 from recipe.loop.train import TrainOutcome, train
 from recipe.loop.update import lr_at, policy_update
 from recipe.tasks.task import load_task
@@ -227,7 +228,6 @@ def test_overlong_penalty_is_added_only_under_length_control_penalty():
 @pytest.mark.parametrize(
     ("overrides", "error", "match"),
     [
-        ({"engine.generator": "vllm"}, NotAvailableError, "engine.generator='vllm'.*not available yet"),
         ({"engine.trainer": "deepspeed", "engine.zero_stage": 3}, NotAvailableError, "zero_stage=3.*not available yet"),
         (
             {"data.task": "math-jsonl", "data.train": "t.jsonl", "data.valid": "v.jsonl"},
@@ -246,7 +246,8 @@ def test_unavailable_settings_fail_fast(tmp_path, overrides, error, match):
 def test_auto_engine_means_torch_only_without_cuda(monkeypatch):
     cfg = resolve({})
     check_engine(cfg)
+    assert not uses_vllm(cfg) and not uses_deepspeed(cfg)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    with pytest.raises(NotAvailableError, match="engine.generator='auto'"):
-        check_engine(cfg)
+    # With CUDA, auto is vLLM (colocated with generator_ranks 0) where vllm imports: never refused.
+    assert uses_vllm(cfg) == (importlib.util.find_spec("vllm") is not None)
     check_engine(resolve({"engine.generator": "torch", "engine.trainer": "torch"}))

@@ -189,8 +189,6 @@ def test_dry_run_script_quotes_the_root_and_honours_root(tmp_path):
     [
         ("name: a\nrecipe: {engine: {generator_ranks: 1}}\n", ["engine.generator_ranks", "1", "no trainer rank"]),
         ("name: a\nresources: {tasks_per_node: 3}\n", ["engine.generator_ranks", "0", "3 task(s)"]),
-        # refused whether or not the package is installed: "cannot import" or no generator ranks
-        ("name: a\nrecipe: {engine: {generator: vllm}}\n", ["engine.generator", "'vllm'"]),
         ("name: a\nrecipe: {engine: {generator_ranks: -1}}\n", ["recipe.engine.generator_ranks", "-1"]),
         # ZeRO-3 shards the weights rank 0 samples with: refused before anything is registered
         ("name: a\ngrid: {engine.zero_stage: [2, 3]}\n", ["engine.zero_stage", "3", "not available yet", "allowed: 0, 1, 2"]),

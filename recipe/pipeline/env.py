@@ -14,7 +14,11 @@ import torch
 import torch.distributed as dist
 
 from recipe.config import Layout, RecipeConfig, check_layout
+from recipe.loop.state import uses_vllm
+from recipe.pipeline.placement import JobPlacement, SlurmView, device_of, place_job, slurm_view
 from recipe.pipeline.rendezvous import Rendezvous
+
+__all__ = ["uses_vllm"]  # resolved with the loop's colocation (`recipe.loop.state`); the roles import it here
 
 log = logging.getLogger("recipe")
 
@@ -58,16 +62,21 @@ def layout_of(cfg: RecipeConfig, env: TaskEnv) -> Layout:
     return check_layout(cfg, num_nodes=env.num_nodes, tasks_per_node=env.tasks_per_node)
 
 
-def uses_vllm(cfg: RecipeConfig) -> bool:
-    """`engine.generator` resolved: vLLM when asked for, or `auto` with CUDA."""
-    return cfg.engine.generator == "vllm" or (cfg.engine.generator == "auto" and torch.cuda.is_available())
+def job_placement(env: TaskEnv, layout: Layout) -> JobPlacement:
+    """Every task's GPU and the groups' backends (`recipe.pipeline.placement`), from what Slurm
+    shows this task: per-task binding or not; tasks beyond a node's GPUs share them round robin."""
+    return place_job(_slurm_view(env), layout.num_trainers)
 
 
 def device_for(env: TaskEnv) -> torch.device:
-    """One task per GPU; tasks beyond the GPUs a node shows share them round robin (a one-GPU check)."""
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda", env.local_rank % torch.cuda.device_count())
+    """This task's device (the same whatever its role)."""
+    return torch.device(device_of(_slurm_view(env), env.rank)[0])
+
+
+def _slurm_view(env: TaskEnv) -> SlurmView:
+    return slurm_view(
+        os.environ, num_nodes=env.num_nodes, tasks_per_node=env.tasks_per_node, device_count=torch.cuda.device_count()
+    )
 
 
 def join_trainer_group(env: TaskEnv, layout: Layout, rendezvous: Rendezvous, timeout_s: float) -> None:
@@ -75,11 +84,11 @@ def join_trainer_group(env: TaskEnv, layout: Layout, rendezvous: Rendezvous, tim
     os.environ.update(
         WORLD_SIZE=str(layout.num_trainers),
         RANK=str(env.rank),
-        LOCAL_RANK=str(env.local_rank),
+        LOCAL_RANK=str(job_placement(env, layout).tasks[env.rank].local_rank),  # cuda:LOCAL_RANK is its GPU
         MASTER_ADDR=rendezvous.host,
         MASTER_PORT=str(rendezvous.trainer_port),
     )
-    if rendezvous.backend == "nccl":
+    if torch.cuda.is_available():  # the policy goes to the current device (`recipe.loop.state.policy_device`)
         torch.cuda.set_device(device_for(env))
     dist.init_process_group(rendezvous.backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
 

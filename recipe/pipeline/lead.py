@@ -22,7 +22,7 @@ from recipe.loop.lag import Admission, Span, is_stale
 from recipe.loop.rollout import StopBeforeStep, shaped_rewards
 from recipe.loop.state import Rollout, RunState
 from recipe.model.sampler import Completions
-from recipe.pipeline.env import TaskEnv, join_trainer_group, uses_vllm
+from recipe.pipeline.env import TaskEnv, job_placement, join_trainer_group, uses_vllm
 from recipe.pipeline.rendezvous import Rendezvous, announce, free_port, publish, rendezvous_host, task_hosts
 from recipe.pipeline.transport import ControlServer, PeerLost, group_from_wire, meta_to_wire
 
@@ -79,10 +79,9 @@ class LeadTeam:
         should_stop: Callable[[], bool] = lambda: False,
     ):
         self.cfg, self.env, self.layout, self.log, self.should_stop = cfg, env, layout, log, should_stop
-        gpus_per_node = torch.cuda.device_count()
-        self.num_gpus = min(env.num_tasks, gpus_per_node * env.num_nodes)  # what the job holds, not its tasks
-        backend = "nccl" if gpus_per_node else "gloo"
-        weight_backend = "nccl" if gpus_per_node >= env.tasks_per_node else "gloo"
+        placement = job_placement(env, layout)
+        self.num_gpus = placement.num_gpus  # what the job's tasks occupy, not its tasks
+        backend, weight_backend = placement.trainer_backend, placement.weight_backend
         self.timeout_s = cfg.engine.peer_timeout_s
         self.control = ControlServer(layout.num_generators)
         announce(run_dir, env.attempt_key, env.rank, "trainer", 0)

@@ -3,6 +3,7 @@ the groups it admits and take every weight push, until it says stop."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from recipe.pipeline.env import (
     TaskEnv,
     device_for,
     ignore_stop_signals,
+    job_placement,
     join_trainer_group,
     layout_of,
     leave_trainer_env,
@@ -79,13 +81,24 @@ def follow(trainer: Trainer) -> None:
             raise RuntimeError(f"unknown command {name!r} from trainer rank 0")
 
 
-def build_generator(cfg: RecipeConfig, env: TaskEnv, log: Callable[[str], None]) -> Any:
-    """`engine.generator`'s streaming engine, holding the model directory's weights."""
+def build_generator(
+    cfg: RecipeConfig, env: TaskEnv, log: Callable[[str], None], layout: Layout | None = None
+) -> Any:
+    """`engine.generator`'s streaming engine, holding the model directory's weights, on this
+    task's GPU (`job_placement`; `layout` None: a layout of one trainer and generators after it)."""
     model_dir = resolve_model_dir(cfg.model.path, log)
     if uses_vllm(cfg):
         from recipe.engines.vllm_engine import VllmGenerator, settings_from_config
 
-        return VllmGenerator(settings_from_config(cfg, str(model_dir)))
+        placement = job_placement(env, layout or Layout(env.num_nodes, env.tasks_per_node, env.num_tasks - 1))
+        me = placement.tasks[env.rank]
+        if me.visible_devices is not None:  # vLLM's engine core starts in a child and takes its cuda:0
+            os.environ["CUDA_VISIBLE_DEVICES"] = me.visible_devices
+        shares_gpu = me.gpu is not None and sum(t.gpu == me.gpu for t in placement.tasks) > 1
+        settings = settings_from_config(
+            cfg, str(model_dir), weight_backend=placement.weight_backend, shares_gpu=shares_gpu
+        )
+        return VllmGenerator(settings)
     from recipe.engines.torch_generator import TorchGenerator
 
     model, tokenizer = load_policy(model_dir, dtype=cfg.model.dtype, lm_head_fp32=cfg.precision.lm_head_fp32)
@@ -100,7 +113,7 @@ def run_generator(
     index = layout.generator_index(env.rank)
     client = ControlClient(rendezvous.control_address, index)
     try:
-        engine = build_generator(cfg, env, log)
+        engine = build_generator(cfg, env, log, layout)
         client.send({"type": "hello", "index": index})
         spec = WeightGroupSpec(
             rendezvous.host, rendezvous.weight_port, layout.num_generators, rendezvous.weight_backend,
