@@ -94,7 +94,25 @@ class ModelConfig(Section):
     path: str = "builtin:sort6-tiny"
     """A Hugging Face model directory, or `builtin:sort6-tiny` (generated locally, no download)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """auto: bfloat16 on GPU, float32 on CPU."""
+    """The body's dtype on the trainer and every generator alike (`resolve_dtype`): auto is
+    bfloat16 on GPU, float32 on CPU. A bfloat16 body trains with fp32 master weights and fp32
+    optimizer state on every trainer (docs/engines.md, "Precision")."""
+
+
+MODEL_DTYPES = ("float32", "bfloat16")
+"""What `model.dtype` resolves to."""
+
+
+def resolve_dtype(name: str, *, gpu: bool) -> str:
+    """`model.dtype` for a job on a GPU (`gpu`) or on CPU: the one place `auto` is decided, for the
+    trainer, every generator (torch or vLLM) and `sweep launch`'s checks alike, so the two sides
+    of a run never differ. auto: bfloat16 on a GPU (trained as mixed precision: fp32 master
+    weights and optimizer state), float32 on CPU (where bfloat16 is no faster for the small models)."""
+    if name == "auto":
+        return "bfloat16" if gpu else "float32"
+    if name not in MODEL_DTYPES:
+        raise ConfigError("model.dtype", f"invalid value {name!r}; allowed: 'auto', " + ", ".join(map(repr, MODEL_DTYPES)))
+    return name
 
 
 SUMK_DIGITS = (1, 12)
