@@ -111,7 +111,8 @@ def resolve_dtype(name: str, *, gpu: bool) -> str:
     if name == "auto":
         return "bfloat16" if gpu else "float32"
     if name not in MODEL_DTYPES:
-        raise ConfigError("model.dtype", f"invalid value {name!r}; allowed: 'auto', " + ", ".join(map(repr, MODEL_DTYPES)))
+        allowed = ", ".join(map(repr, ("auto", *MODEL_DTYPES)))
+        raise ConfigError("model.dtype", f"invalid value {name!r}; allowed: {allowed}")
     return name
 
 
@@ -283,9 +284,10 @@ class EngineConfig(Section):
     generator_ranks: int = bounded(0, lo=0, hi=4096)
     """How many of the run's job tasks generate (the rest train). 0: one task that alternates
     generation and training, so `async.mode=pipeline` runs synchronously (lag 0)."""
-    zero_stage: int = bounded(2, lo=0, hi=3)
+    zero_stage: Literal[0, 1, 2] = 2
     """DeepSpeed's ZeRO stage (engine.trainer=deepspeed): 0 plain data parallel, 1 optimizer
-    state, 2 + gradients, 3 + parameters sharded over the trainer ranks."""
+    state, 2 + gradients sharded over the trainer ranks. Not 3: it shards the weights, which
+    trainer rank 0 samples, evaluates and pushes with whole."""
     kernels: Literal["reference", "fast", "compiled"] = "reference"
     """reference: the trainer's pass is transformers' Llama forward and the update torch's AdamW,
     bit for bit. fast (the torch trainer): each prompt's positions computed once for its group in

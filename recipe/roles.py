@@ -47,6 +47,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from recipe import checkpoint
 from recipe import train as train_mod
 from recipe.builtin import resolve_model_dir
 from recipe.config import Layout, RecipeConfig, check_layout
@@ -224,13 +225,17 @@ class LeadTrainer:
         self._tell("step", batch, lr)
         return self.inner.step(batch, lr=lr)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any] | None:
         self._tell("state_dict")  # collective for engines whose state is sharded
         return self.inner.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._tell("load_state_dict", state)
-        self.inner.load_state_dict(state)
+    def load_state_dict(self, state: dict[str, Any], *, path: Path | None = None) -> None:
+        """The other ranks are sent the checkpoint's path, never the state (a checkpoint-sized
+        pickle through a broadcast); they read it memory-mapped (`checkpoint.read_trainer_state`)."""
+        if path is None:
+            raise ValueError("LeadTrainer.load_state_dict needs the checkpoint's path for the other trainer ranks")
+        self._tell("load_checkpoint", str(path))
+        self.inner.load_state_dict(state, path=path)
 
     def check_state(self, state: dict[str, Any]) -> None:
         self.inner.check_state(state)
@@ -260,8 +265,9 @@ def follow(trainer: Trainer) -> None:
             trainer.step(args[0], lr=args[1])
         elif name == "state_dict":
             trainer.state_dict()
-        elif name == "load_state_dict":
-            trainer.load_state_dict(args[0])
+        elif name == "load_checkpoint":
+            path = Path(args[0])
+            trainer.load_state_dict(checkpoint.read_trainer_state(path), path=path)
         else:
             raise RuntimeError(f"unknown command {name!r} from trainer rank 0")
 

@@ -319,7 +319,8 @@ def is_eval_step(step: int, cfg: RecipeConfig) -> bool:
 
 
 def check_engine(cfg: RecipeConfig) -> None:
-    """The engines this version runs: torch everywhere, DeepSpeed (ZeRO stages 0-2) for the trainers
+    """The engines this version runs: torch everywhere, DeepSpeed (ZeRO stages 0-2, the config's
+    range) for the trainers
     where it is installed, vLLM on generator ranks (`recipe.roles`); `auto` means vLLM and DeepSpeed
     on a machine with CUDA, torch without."""
     import importlib.util
@@ -342,11 +343,6 @@ def check_engine(cfg: RecipeConfig) -> None:
             f"engine.trainer={requested!r} (the deepspeed engine) needs the deepspeed package, which "
             f"{sys.executable} cannot import; install it (pip install -e '.[gpu]', on CPU '.[deepspeed]') "
             "or set engine.trainer=torch"
-        )
-    if cfg.engine.zero_stage == 3:
-        raise NotAvailableError(
-            "engine.zero_stage=3 (weights sharded over the trainer ranks) is not available yet in this version: "
-            "trainer rank 0 samples, evaluates and pushes with the whole weights; set engine.zero_stage to 0, 1 or 2"
         )
 
 
@@ -552,7 +548,8 @@ def resume(state: RunState, run_dir: Path, sink: Sink, log: Callable[[str], None
     changed = _changed_keys(saved["config"], state.cfg.to_dict())
     if changed:
         log(f"config changed since the checkpoint: {', '.join(changed)}")
-    state.trainer.load_state_dict({"model": saved["model"], "optimizer": saved["optimizer"]})
+    path = checkpoint.checkpoint_path(run_dir, saved["step"])  # the other trainer ranks read it there
+    state.trainer.load_state_dict({"model": saved["model"], "optimizer": saved["optimizer"]}, path=path)
     state.step = saved["step"]
     state.compute = Compute(**saved["compute"])
     state.drawer.load_state_dict(saved["prompts"])
