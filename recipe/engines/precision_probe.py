@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from recipe.config import resolve
+from recipe.config import RecipeConfig, resolve
 from recipe.engines.base import TrainBatch, Trainer
 from recipe.engines.mixed_precision import MASTER_KEY
 from recipe.engines.torch_trainer import shard_loss
@@ -111,7 +112,9 @@ def probe(
     )
 
 
-def _train_with_trainer(cfg, model: torch.nn.Module, batches: Iterable[TrainBatch], lr: float) -> dict[str, torch.Tensor]:
+def _train_with_trainer(
+    cfg: RecipeConfig, model: torch.nn.Module, batches: Iterable[TrainBatch], lr: float
+) -> dict[str, torch.Tensor]:
     """The run's trainer on `batches`; its weights after, in fp32: the masters where it has them."""
     from recipe import train  # the trainers as a run builds them
 
@@ -124,7 +127,7 @@ def _train_with_trainer(cfg, model: torch.nn.Module, batches: Iterable[TrainBatc
         trainer.close()
 
 
-def _master_weights(model: torch.nn.Module, state) -> dict[str, torch.Tensor]:
+def _master_weights(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Each parameter's fp32 master from a trainer's checkpoint state (the weight where it is fp32)."""
     slots = state["optimizer"]["state"]
     out = {}
@@ -134,7 +137,9 @@ def _master_weights(model: torch.nn.Module, state) -> dict[str, torch.Tensor]:
     return out
 
 
-def _train_without_masters(cfg, model: torch.nn.Module, batches: Iterable[TrainBatch], lr: float) -> dict[str, torch.Tensor]:
+def _train_without_masters(
+    cfg: RecipeConfig, model: torch.nn.Module, batches: Iterable[TrainBatch], lr: float
+) -> dict[str, torch.Tensor]:
     """The same loss, clipping and AdamW, stepping the bf16 weights themselves."""
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=lr, betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
