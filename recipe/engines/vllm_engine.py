@@ -335,17 +335,8 @@ class VllmGenerator:
     async def _init_transfer(self, spec: WeightGroupSpec, rank: int) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
-        info: dict[str, Any] = {
-            "master_address": spec.host,
-            "master_port": spec.port,
-            "rank_offset": rank,
-            "world_size": spec.world_size,
-        }
-        if spec.backend == "gloo":
-            info["timeout_s"] = spec.timeout_s
-        else:
-            info["packed"] = False  # one broadcast per tensor in meta order, as VllmNcclWeightSender sends
-        await self._engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
+        request = WeightTransferInitRequest(init_info=transfer_init_info(spec, rank))
+        await self._engine.init_weight_transfer_engine(request)
 
     def receive_weights(self, version: int, meta: WeightMeta) -> None:
         """Take trainer rank 0's push of `version` (collective with its `push`)."""
@@ -356,11 +347,7 @@ class VllmGenerator:
     async def _receive(self, version: int, meta: WeightMeta) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        update = {
-            "names": [m[0] for m in meta],
-            "dtype_names": [m[1] for m in meta],
-            "shapes": [list(m[2]) for m in meta],
-        }
+        update = transfer_update_info(meta)
         # keep: running requests stay scheduled with their KV cache and continue on the new
         # weights; the cache is kept too (new requests are salted by version instead).
         await self._engine.pause_generation(mode="keep", clear_cache=False)
@@ -413,6 +400,31 @@ class VllmGenerator:
         if handler is not None:
             handler.cancel()
             await asyncio.gather(handler, return_exceptions=True)
+
+
+def transfer_init_info(spec: WeightGroupSpec, rank: int) -> dict[str, Any]:
+    """What the engine's weight-transfer backend is initialised with (vLLM builds its backend's
+    `init_info_cls` from it: `NCCLWeightTransferInitInfo` on GPU, `vllm_worker.GlooInitInfo` on CPU)."""
+    info: dict[str, Any] = {
+        "master_address": spec.host,
+        "master_port": spec.port,
+        "rank_offset": rank,
+        "world_size": spec.world_size,
+    }
+    if spec.backend == "gloo":
+        info["timeout_s"] = spec.timeout_s
+    else:
+        info["packed"] = False  # one broadcast per tensor in meta order, as VllmNcclWeightSender sends
+    return info
+
+
+def transfer_update_info(meta: WeightMeta) -> dict[str, Any]:
+    """One push's meta as the backend's `update_info_cls` takes it (the same keys on both backends)."""
+    return {
+        "names": [m[0] for m in meta],
+        "dtype_names": [m[1] for m in meta],
+        "shapes": [list(m[2]) for m in meta],
+    }
 
 
 def free_port() -> int:
