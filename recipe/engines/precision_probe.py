@@ -99,10 +99,10 @@ def probe(
         return upcast_lm_head(build_tiny_llama(shape, tokenizer, seed=5).to(device=device, dtype=dtype))
 
     reference = _train_with_trainer(cfg, policy(torch.float32), batches, lr)
-    start = {k: v.float() for k, v in policy(torch.bfloat16).state_dict().items()}
+    start = {k: v.float().cpu() for k, v in policy(torch.bfloat16).state_dict().items()}
     masters = _train_with_trainer(cfg, policy(torch.bfloat16), batches, lr)
     plain = _train_without_masters(cfg, policy(torch.bfloat16), batches, lr)
-    fp32_start = {k: v.float() for k, v in policy(torch.float32).state_dict().items()}
+    fp32_start = {k: v.float().cpu() for k, v in policy(torch.float32).state_dict().items()}
     want = {k: reference[k] - fp32_start[k] for k in reference}
     name = trainer if trainer == "torch" else f"{trainer} ZeRO-{zero_stage}"
     return ProbeResult(
