@@ -6,8 +6,9 @@ Two real gloo ranks run DeepSpeed ZeRO-2 trainers behind `recipe.roles`' `LeadTr
 measured around the collective `state_dict()`: rank 0 grows by about the gathered state (fp32
 exp_avg, exp_avg_sq and masters: 12 bytes per bf16 parameter), rank 1 by at most a few of its
 tensors (measured: 95.8 MB on rank 0 for a 94.6 MB state, 4.4 MB on rank 1; before, every rank
-kept the whole gathered state). A resume from the file written by rank 0 continues both ranks exactly as the run that was
-not interrupted, and what went through the command broadcast for it was a path (bytes, not MB).
+kept the whole gathered state). A resume from the file written by rank 0 continues both ranks
+exactly as the run that was not interrupted, and what went through the command broadcast for it
+was a path (bytes, not MB).
 """
 
 from __future__ import annotations
