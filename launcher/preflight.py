@@ -46,7 +46,7 @@ def check_model_path(sweep_path: str, key: str, value: str, config: RecipeConfig
 def check_data_file(sweep_path: str, key: str, value: str, config: RecipeConfig) -> None:
     if config.data.task != "math-jsonl":
         return
-    from recipe.math import check_math_data  # torch-free; math-verify only runs in its workers
+    from recipe.tasks.math.data import check_math_data  # torch-free; math-verify only runs in its workers
 
     try:
         check_math_data(value, key)

@@ -117,7 +117,7 @@ def resolve_dtype(name: str, *, gpu: bool) -> str:
 
 
 SUMK_DIGITS = (1, 12)
-"""The k a sumk prompt may have (recipe.tasks_think.MIN_DIGITS, MAX_DIGITS; a test keeps them equal)."""
+"""The k a sumk prompt may have (recipe.tasks.sumk.MIN_DIGITS, MAX_DIGITS; a test keeps them equal)."""
 SUMK_ANSWER_TOKENS = 4
 """sumk's new tokens beyond its scratchpad (a running sum per digit): `</think>`, two answer digits, EOS."""
 BUILTIN_MODEL_TASKS = {"builtin:sort6-tiny": "sort6", "builtin:sumk-tiny": "sumk", "builtin:sumk-small": "sumk"}
@@ -288,12 +288,17 @@ class EngineConfig(Section):
     """DeepSpeed's ZeRO stage (engine.trainer=deepspeed): 0 plain data parallel, 1 optimizer
     state, 2 + gradients sharded over the trainer ranks. Not 3: it shards the weights, which
     trainer rank 0 samples, evaluates and pushes with whole."""
+    peer_timeout_s: float = bounded(1800.0, lo=1.0, hi=7 * 86400.0)
+    """Seconds one task of a multi-task run waits for another before it fails the attempt naming
+    whom it waited for: joining the groups, a weight push, trainer rank 0 waiting for rollouts, a
+    generator waiting for its next command. Longer than trainer rank 0's longest silence in a
+    healthy run (its evaluation and checkpoint); docs/multinode.md."""
     kernels: Literal["reference", "fast", "compiled"] = "reference"
     """reference: the trainer's pass is transformers' Llama forward and the update torch's AdamW,
     bit for bit. fast (the torch trainer): each prompt's positions computed once for its group in
     the trainer's pass, and the fused AdamW: the same math, rounded differently (docs/decisions.md).
     compiled: fast, with that pass and the training batches' decode steps through torch.compile
-    (recipe/compiled.py): a compile of ~30 s per process on the built-in models, and once more on
+    (recipe/model/compiled.py): a compile of ~30 s per process on the built-in models, and once more on
     the first batch of a new shape; for long runs. The DeepSpeed trainer computes as reference
     whatever the value."""
 
@@ -721,12 +726,5 @@ def check_layout(cfg: RecipeConfig, *, num_nodes: int, tasks_per_node: int) -> L
         raise ConfigError(
             "async.mode", f"{cfg.async_.mode!r} with engine.generator_ranks={ranks}: separate generator ranks "
             "stream under 'pipeline' only; use async.mode=pipeline or engine.generator_ranks=0"
-        )  # fmt: skip
-    trainers = layout.num_trainers
-    if num_nodes > 1 and trainers > tasks_per_node and trainers % tasks_per_node:
-        raise ConfigError(
-            key, f"{ranks} with {shape}: the {trainers} trainer ranks would share a node with generators; "
-            f"trainers fill whole nodes, so {tasks} - generator_ranks must be a multiple of {tasks_per_node} "
-            f"(or at most {tasks_per_node})"
         )  # fmt: skip
     return layout

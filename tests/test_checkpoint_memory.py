@@ -1,7 +1,7 @@
 """Checkpoints that scale: the whole state is gathered on trainer rank 0 only, and resuming sends
 the other ranks the checkpoint's path, never the state.
 
-Two real gloo ranks run DeepSpeed ZeRO-2 trainers behind `recipe.roles`' `LeadTrainer` / `follow`
+Two real gloo ranks run DeepSpeed ZeRO-2 trainers behind `recipe.pipeline`'s `LeadTrainer` / `follow`
 (the job's own path). Peak resident memory (`VmHWM`, reset through /proc/self/clear_refs) is
 measured around the collective `state_dict()`: rank 0 grows by about the gathered state (fp32
 exp_avg, exp_avg_sq and masters: 12 bytes per bf16 parameter), rank 1 by at most a few of its
@@ -31,11 +31,14 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from recipe import checkpoint, roles, train  # noqa: E402
+from recipe.loop import checkpoint  # noqa: E402
+from recipe.loop.state import build_optimizer, build_trainer  # noqa: E402
+from recipe.pipeline.lead import LeadTrainer  # noqa: E402
+from recipe.pipeline.peer import follow  # noqa: E402
 from recipe.config import resolve  # noqa: E402
 from recipe.engines.precision_probe import VOCABULARY, random_batch  # noqa: E402
-from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer  # noqa: E402
-from recipe.precision import upcast_lm_head  # noqa: E402
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer  # noqa: E402
+from recipe.model.precision import upcast_lm_head  # noqa: E402
 
 SHAPE = TinyLlamaShape(hidden_size=512, intermediate_size=1024, num_layers=3, num_heads=8, max_positions=16)
 """~8M parameters in tensors of at most 2 MB (fp32): the gathered state is ~95 MB."""
@@ -46,7 +49,7 @@ def build_trainer():
     tokenizer = build_tokenizer(VOCABULARY, eos="<eos>", pad="<pad>")
     model = upcast_lm_head(build_tiny_llama(SHAPE, tokenizer, seed=1).to(torch.bfloat16))
     cfg = resolve(CFG)
-    return train.build_trainer(cfg, model, train.build_optimizer(cfg, model))
+    return build_trainer(cfg, model, build_optimizer(cfg, model))
 
 
 def peak_rss_bytes() -> int:
@@ -74,11 +77,11 @@ def _rank(rank: int, port: int, directory: Path, results) -> None:
             sent.append((objects[0][0], len(pickle.dumps(objects))))
         return real_broadcast(objects, *args, **kwargs)
 
-    roles.dist.broadcast_object_list = recording
+    dist.broadcast_object_list = recording
     try:
         out: dict = {}
         trainer = build_trainer()
-        lead = roles.LeadTrainer(trainer) if rank == 0 else None
+        lead = LeadTrainer(trainer) if rank == 0 else None
         if rank == 0:
             lead.step(random_batch(4, 0), lr=1e-3)
             reset_peak_rss()
@@ -104,13 +107,13 @@ def _rank(rank: int, port: int, directory: Path, results) -> None:
                 return state
 
             trainer.state_dict = measured_state_dict
-            roles.follow(trainer)  # step, state_dict, step, stop
+            follow(trainer)  # step, state_dict, step, stop
         out["continued"] = {k: v.float().numpy().copy() for k, v in trainer.named_weights()}
         trainer.close()
 
         resumed = build_trainer()
         if rank == 0:
-            lead = roles.LeadTrainer(resumed)
+            lead = LeadTrainer(resumed)
             path = checkpoint.checkpoint_path(directory, 1)
             saved = checkpoint.read_trainer_state(path)
             resumed.check_state(saved)
@@ -118,13 +121,13 @@ def _rank(rank: int, port: int, directory: Path, results) -> None:
             lead.step(random_batch(4, 1), lr=1e-3)
             lead.stop_followers()
         else:
-            roles.follow(resumed)  # load_checkpoint, step, stop
+            follow(resumed)  # load_checkpoint, step, stop
         out["resumed"] = {k: v.float().numpy().copy() for k, v in resumed.named_weights()}
         out["sent"] = sent
         resumed.close()
         results.put((rank, out))
     finally:
-        roles.dist.broadcast_object_list = real_broadcast
+        dist.broadcast_object_list = real_broadcast
         dist.destroy_process_group()
 
 

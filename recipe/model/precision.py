@@ -33,7 +33,7 @@ def body_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
 
 def job_dtype(name: str) -> torch.dtype:
     """The torch dtype `model.dtype` names in this process: on CUDA where torch sees a GPU (where
-    the policy then lives, `recipe.train.policy_device`), else on CPU."""
+    the policy then lives, `recipe.loop.state.policy_device`), else on CPU."""
     return body_dtype(name, "cuda" if torch.cuda.is_available() else "cpu")
 
 
