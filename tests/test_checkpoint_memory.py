@@ -45,7 +45,7 @@ SHAPE = TinyLlamaShape(hidden_size=512, intermediate_size=1024, num_layers=3, nu
 CFG = {"engine.trainer": "deepspeed", "engine.zero_stage": 2, "optim.lr": 1e-3, "optim.max_grad_norm": 1.0}
 
 
-def build_trainer():
+def zero2_trainer():
     tokenizer = build_tokenizer(VOCABULARY, eos="<eos>", pad="<pad>")
     model = upcast_lm_head(build_tiny_llama(SHAPE, tokenizer, seed=1).to(torch.bfloat16))
     cfg = resolve(CFG)
@@ -80,7 +80,7 @@ def _rank(rank: int, port: int, directory: Path, results) -> None:
     dist.broadcast_object_list = recording
     try:
         out: dict = {}
-        trainer = build_trainer()
+        trainer = zero2_trainer()
         lead = LeadTrainer(trainer) if rank == 0 else None
         if rank == 0:
             lead.step(random_batch(4, 0), lr=1e-3)
@@ -111,7 +111,7 @@ def _rank(rank: int, port: int, directory: Path, results) -> None:
         out["continued"] = {k: v.float().numpy().copy() for k, v in trainer.named_weights()}
         trainer.close()
 
-        resumed = build_trainer()
+        resumed = zero2_trainer()
         if rank == 0:
             lead = LeadTrainer(resumed)
             path = checkpoint.checkpoint_path(directory, 1)
