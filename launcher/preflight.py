@@ -100,28 +100,12 @@ def check_engine(sweep_path: str, key: str, value: str, config: RecipeConfig) ->
     # trains on every trainer rank.
 
 
-def check_zero_stage(sweep_path: str, key: str, value: str, config: RecipeConfig) -> None:
-    """ZeRO stage 3 shards the weights over the trainer ranks, but trainer rank 0 samples, evaluates
-    and pushes with the whole weights: refused before anything is registered (the job refuses it
-    too, `recipe.loop.checks.check_engine`). The torch trainer ignores the key."""
-    if value == "3" and config.engine.trainer != "torch":
-        raise GridError(
-            sweep_path,
-            key,
-            f"3 (weights sharded over the trainer ranks) is not available yet with engine.trainer="
-            f"{config.engine.trainer!r}: trainer rank 0 samples, evaluates and pushes with the whole weights; "
-            "allowed: 0, 1, 2",
-        )
-
-
 CHECKS: tuple[tuple[str, Callable[[str, str, str, RecipeConfig], None]], ...] = (
     ("model.path", check_model_path),
     ("data.train", check_data_file),
     ("data.valid", check_data_file),
     ("engine.generator", check_engine),
     ("engine.trainer", check_engine),
-    ("engine.zero_stage", check_zero_stage),
-    ("length.control", check_length_control),
 )
 
 

@@ -94,7 +94,26 @@ class ModelConfig(Section):
     path: str = "builtin:sort6-tiny"
     """A Hugging Face model directory, or `builtin:sort6-tiny` (generated locally, no download)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """auto: bfloat16 on GPU, float32 on CPU."""
+    """The body's dtype on the trainer and every generator alike (`resolve_dtype`): auto is
+    bfloat16 on GPU, float32 on CPU. A bfloat16 body trains with fp32 master weights and fp32
+    optimizer state on every trainer (docs/engines.md, "Precision")."""
+
+
+MODEL_DTYPES = ("float32", "bfloat16")
+"""What `model.dtype` resolves to."""
+
+
+def resolve_dtype(name: str, *, gpu: bool) -> str:
+    """`model.dtype` for a job on a GPU (`gpu`) or on CPU: the one place `auto` is decided, for the
+    trainer, every generator (torch or vLLM) and `sweep launch`'s checks alike, so the two sides
+    of a run never differ. auto: bfloat16 on a GPU (trained as mixed precision: fp32 master
+    weights and optimizer state), float32 on CPU (where bfloat16 is no faster for the small models)."""
+    if name == "auto":
+        return "bfloat16" if gpu else "float32"
+    if name not in MODEL_DTYPES:
+        allowed = ", ".join(map(repr, ("auto", *MODEL_DTYPES)))
+        raise ConfigError("model.dtype", f"invalid value {name!r}; allowed: {allowed}")
+    return name
 
 
 SUMK_DIGITS = (1, 12)
@@ -305,9 +324,10 @@ class EngineConfig(Section):
     """The share of its GPU's memory a vLLM engine takes (weights, activations, KV cache): vLLM's
     own `gpu_memory_utilization`. None: 0.85 on a GPU of its own (a generator rank), 0.3 where it
     shares the GPU with the trainer (`generator_ranks: 0`, vLLM colocated, as TRL's colocate mode)."""
-    zero_stage: int = bounded(2, lo=0, hi=3)
+    zero_stage: Literal[0, 1, 2] = 2
     """DeepSpeed's ZeRO stage (engine.trainer=deepspeed): 0 plain data parallel, 1 optimizer
-    state, 2 + gradients, 3 + parameters sharded over the trainer ranks."""
+    state, 2 + gradients sharded over the trainer ranks. Not 3: it shards the weights, which
+    trainer rank 0 samples, evaluates and pushes with whole."""
     peer_timeout_s: float = bounded(1800.0, lo=1.0, hi=7 * 86400.0)
     """Seconds one task of a multi-task run waits for another before it fails the attempt naming
     whom it waited for: joining the groups, a weight push, trainer rank 0 waiting for rollouts, a

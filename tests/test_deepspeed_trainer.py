@@ -1,6 +1,7 @@
 """The DeepSpeed trainer (`engine.trainer: deepspeed`) on CPU: two real gloo ranks under ZeRO 0, 1
-and 2 take the torch trainer's one-process steps, their gathered checkpoint is the torch trainer's
-and resumes like it (a bf16 model's too, from its fp32 masters); a run through the real job path
+and 2 take the torch trainer's one-process steps, their checkpoint, gathered on rank 0 only, is the
+torch trainer's and resumes like it on both ranks from the file (a bf16 model's too, from its fp32
+masters); a run through the real job path
 (`sweep launch`, local executor) completes with its eval points, and continued from a checkpoint
 equals an uninterrupted run; on the dev Slurm cluster a grid over the ZeRO stages completes, and
 one job of two DeepSpeed trainer ranks and a generator resumes from its checkpoint. Skipped, with
@@ -24,7 +25,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from conftest import random_batch, tiny_model  # noqa: E402
 
-from recipe.config import NotAvailableError, resolve  # noqa: E402
+from recipe.config import ConfigError, NotAvailableError, resolve  # noqa: E402
 from recipe.engines.base import TrainBatch  # noqa: E402
 from recipe.loop import checkpoint  # noqa: E402
 from recipe.loop.checks import check_engine  # noqa: E402
@@ -55,17 +56,27 @@ def make_trainer(engine: str, stage: int = 2, bf16: bool = False):
     return build_trainer(cfg, model, build_optimizer(cfg, model))
 
 
-def trajectory(engine: str, stage: int = 2, bf16: bool = False) -> dict:
+def trajectory(engine: str, stage: int = 2, bf16: bool = False, file: Path | None = None) -> dict:
     """Steps on BATCHES and the checkpoint state; then one more step on RESUMED, by this trainer
-    (continued) and by a fresh one resumed from the checkpoint (resumed)."""
+    (continued) and by a fresh one resumed from the checkpoint (resumed). With two ranks (`file`):
+    rank 0 writes the state there, and every rank resumes from that file as `recipe.pipeline`'s
+    followers do (`checkpoint.read_trainer_state`); the state is rank 0's (None on rank 1)."""
     trainer = make_trainer(engine, stage, bf16)
     metrics = [trainer.step(random_batch(*b), lr=LR) for b in BATCHES]
     weights = {k: v.clone() for k, v in trainer.named_weights()}
     state = copy.deepcopy(trainer.state_dict())
     trainer.step(random_batch(*RESUMED), lr=LR)
     resumed = make_trainer(engine, stage, bf16)
-    resumed.check_state(state)
-    resumed.load_state_dict(copy.deepcopy(state))
+    if file is not None:
+        if state is not None:
+            torch.save(state, file)
+        dist.barrier()
+        loaded = checkpoint.read_trainer_state(file)
+        dist.barrier()
+    else:
+        loaded = copy.deepcopy(state)
+    resumed.check_state(loaded)
+    resumed.load_state_dict(loaded, path=file)
     resumed.step(random_batch(*RESUMED), lr=LR)
     return {
         "metrics": metrics,
@@ -97,13 +108,16 @@ def _torch(tree):
     return tree
 
 
-def _rank(rank: int, port: int, results) -> None:
+def _rank(rank: int, port: int, directory: Path, results) -> None:
     torch.set_num_threads(1)
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE="2")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        fp32 = {stage: _numpy(trajectory("deepspeed", stage)) for stage in STAGES}
-        bf16 = {stage: _numpy(_without_bf16(trajectory("deepspeed", stage, bf16=True))) for stage in STAGES}
+        fp32 = {s: _numpy(trajectory("deepspeed", s, file=directory / f"fp32-{s}.pt")) for s in STAGES}
+        bf16 = {
+            s: _numpy(_without_bf16(trajectory("deepspeed", s, bf16=True, file=directory / f"bf16-{s}.pt")))
+            for s in STAGES
+        }
         results.put((rank, {"fp32": fp32, "bf16": bf16}))
     finally:
         dist.destroy_process_group()
@@ -121,11 +135,11 @@ def _without_bf16(tree):
 
 
 @pytest.fixture(scope="module")
-def two_ranks() -> dict[int, dict]:
+def two_ranks(tmp_path_factory) -> dict[int, dict]:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank, args=(rank, port, results)) for rank in (0, 1)]
+    port, directory = free_port(), tmp_path_factory.mktemp("ds-checkpoints")
+    procs = [ctx.Process(target=_rank, args=(rank, port, directory, results)) for rank in (0, 1)]
     for p in procs:
         p.start()
     got = {}
@@ -170,18 +184,20 @@ def test_two_zero_ranks_take_the_torch_trainers_one_process_steps(two_ranks, tor
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_the_gathered_checkpoint_is_the_torch_trainers_and_resumes_like_it(two_ranks, torch_one_process, stage):
+    """Gathered on trainer rank 0 only (rank 1 returns None); both ranks resume from rank 0's file."""
     want = torch_one_process["state"]["optimizer"]
+    assert two_ranks[1]["fp32"][stage]["state"] is None
+    got = two_ranks[0]["fp32"][stage]["state"]["optimizer"]
+    assert got["param_groups"] == want["param_groups"]
+    assert sorted(got["state"]) == sorted(want["state"]) == list(range(len(want["state"])))
+    for i, slots in want["state"].items():
+        assert set(got["state"][i]) == set(slots)
+        assert float(got["state"][i]["step"]) == float(slots["step"]) == len(BATCHES)
+    for key in ("exp_avg", "exp_avg_sq"):  # (measured: < 3e-7)
+        got_key = {str(i): s[key] for i, s in got["state"].items()}
+        want_key = {str(i): s[key] for i, s in want["state"].items()}
+        assert relative_error(got_key, want_key) < 1e-5, key
     for rank in (0, 1):
-        got = two_ranks[rank]["fp32"][stage]["state"]["optimizer"]
-        assert got["param_groups"] == want["param_groups"]
-        assert sorted(got["state"]) == sorted(want["state"]) == list(range(len(want["state"])))
-        for i, slots in want["state"].items():
-            assert set(got["state"][i]) == set(slots)
-            assert float(got["state"][i]["step"]) == float(slots["step"]) == len(BATCHES)
-        for key in ("exp_avg", "exp_avg_sq"):  # (measured: < 3e-7)
-            got_key = {str(i): s[key] for i, s in got["state"].items()}
-            want_key = {str(i): s[key] for i, s in want["state"].items()}
-            assert relative_error(got_key, want_key) < 1e-5, (rank, key)
         resumed = two_ranks[rank]["fp32"][stage]["resumed"]
         assert relative_error(resumed, torch_one_process["resumed"]) < 1e-6, rank  # (measured: < 8e-8)
         continued = two_ranks[rank]["fp32"][stage]["continued"]
@@ -190,17 +206,18 @@ def test_the_gathered_checkpoint_is_the_torch_trainers_and_resumes_like_it(two_r
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_a_bf16_model_resumes_exactly_from_its_gathered_checkpoint(two_ranks, stage):
-    """Stage 0 steps the bf16 weights as the torch trainer does; ZeRO 1/2 step fp32 master shards,
-    one flat group per dtype, which the checkpoint carries as each bf16 parameter's `master`."""
+    """Stage 0 steps fp32 masters of the bf16 weights as the torch trainer does
+    (`recipe.engines.mixed_precision`); ZeRO 1/2 step fp32 master shards, one flat group per dtype.
+    The checkpoint carries each bf16 parameter's `master` either way."""
     for rank in (0, 1):
         got = two_ranks[rank]["bf16"][stage]
         for name, value in got["continued"].items():
             assert torch.equal(got["resumed"][name], value), (rank, name)
         assert not all(torch.equal(got["weights"][k], v) for k, v in got["continued"].items())
-        slots = got["state"]["optimizer"]["state"]
-        has_master = [i for i, s in slots.items() if "master" in s]
-        assert has_master if stage else not has_master
-        assert len(has_master) < len(slots)  # not the fp32 norm
+    slots = two_ranks[0]["bf16"][stage]["state"]["optimizer"]["state"]
+    has_master = [i for i, s in slots.items() if "master" in s]
+    assert has_master and len(has_master) < len(slots)  # not the fp32 norm
+    assert all(slots[i]["master"].dtype == torch.float32 for i in has_master)
     for name, value in two_ranks[0]["bf16"][stage]["continued"].items():
         assert torch.equal(two_ranks[1]["bf16"][stage]["continued"][name], value), name
 
@@ -270,8 +287,8 @@ def test_a_one_task_run_trains_and_leaves_no_process_group(tmp_path_factory, tmp
 
 
 def test_zero_stage_3_and_a_missing_package_are_refused_before_any_work(monkeypatch):
-    with pytest.raises(NotAvailableError, match="engine.zero_stage=3.*set engine.zero_stage to 0, 1 or 2"):
-        check_engine(resolve({"engine.trainer": "deepspeed", "engine.zero_stage": 3}))
+    with pytest.raises(ConfigError, match=r"^engine.zero_stage: invalid value 3; allowed: one of 0, 1, 2$"):
+        resolve({"engine.trainer": "deepspeed", "engine.zero_stage": 3})
     check_engine(resolve({"engine.trainer": "deepspeed", "engine.zero_stage": 2}))
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(

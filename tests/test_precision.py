@@ -37,8 +37,10 @@ def test_an_fp32_head_on_one_side_only_is_far_worse():
 
 import torch  # noqa: E402
 
-from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer  # noqa: E402
-from recipe.model.precision import body_dtype, has_fp32_head, upcast_lm_head, vllm_dtype  # noqa: E402
+from recipe.config import resolve_dtype  # noqa: E402
+from recipe.engines.vllm_engine import VllmSettings  # noqa: E402
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, load_policy  # noqa: E402
+from recipe.model.precision import body_dtype, has_fp32_head, job_dtype, upcast_lm_head, vllm_dtype  # noqa: E402
 from recipe.tasks import sort6  # noqa: E402
 
 
@@ -89,8 +91,27 @@ def test_the_fp32_head_changes_nothing_for_an_fp32_model_and_keeps_a_tied_head_t
     assert tied.lm_head.weight is tied.model.embed_tokens.weight
 
 
-def test_model_dtype_names():
-    assert body_dtype("auto", "cpu") == torch.float32 and body_dtype("auto", "cuda") == torch.bfloat16
-    assert body_dtype("bfloat16") == torch.bfloat16 and vllm_dtype("auto") == "float32"
-    with pytest.raises(ValueError, match="model.dtype must be one of"):
+def test_model_dtype_auto_is_resolved_once_for_the_trainer_and_every_generator():
+    """`recipe.config.resolve_dtype` (torch-free, also what `sweep launch` uses) decides `auto`;
+    the trainer's `load_policy` and the vLLM engine's dtype both come from it."""
+    assert resolve_dtype("auto", gpu=True) == "bfloat16" and resolve_dtype("auto", gpu=False) == "float32"
+    assert resolve_dtype("float32", gpu=True) == "float32" and resolve_dtype("bfloat16", gpu=False) == "bfloat16"
+    for name in ("auto", "float32", "bfloat16"):
+        for device, gpu in (("cpu", False), ("cuda", True)):
+            want = resolve_dtype(name, gpu=gpu)
+            assert body_dtype(name, device) == getattr(torch, want)
+            assert vllm_dtype(name, device) == want  # the vLLM engine's `dtype` argument
+            assert VllmSettings(model_dir="m", dtype=name, device=device).engine_args()["dtype"] == want
+    assert job_dtype("auto") == (torch.bfloat16 if torch.cuda.is_available() else torch.float32)
+    with pytest.raises(ValueError, match="model.dtype: invalid value 'float16'; allowed: 'auto', 'float32', 'bf"):
         body_dtype("float16")
+
+
+def test_load_policy_loads_the_body_in_the_resolved_dtype(tmp_path, tiny):
+    tokenizer, _ = tiny
+    build_tiny_llama(TinyLlamaShape(), tokenizer, seed=2).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    for name in ("auto", "bfloat16"):
+        model, _ = load_policy(tmp_path, dtype=name, lm_head_fp32=True)
+        assert {p.dtype for p in model.parameters()} == {job_dtype(name)}
+        assert has_fp32_head(model) and model(input_ids=tiny[1]).logits.dtype == torch.float32

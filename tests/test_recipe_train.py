@@ -228,7 +228,6 @@ def test_overlong_penalty_is_added_only_under_length_control_penalty():
 @pytest.mark.parametrize(
     ("overrides", "error", "match"),
     [
-        ({"engine.trainer": "deepspeed", "engine.zero_stage": 3}, NotAvailableError, "zero_stage=3.*not available yet"),
         (
             {"data.task": "math-jsonl", "data.train": "t.jsonl", "data.valid": "v.jsonl"},
             ConfigError,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -183,15 +184,22 @@ class Trainer(Protocol):
         """The full weights, on trainer rank 0 (gathered if sharded), for the push."""
         ...
 
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the trainer: {"model": ..., "optimizer": ...}."""
+    def state_dict(self) -> dict[str, Any] | None:
+        """What a checkpoint keeps of the trainer: {"model": ..., "optimizer": ...}, on trainer
+        rank 0; None on the other ranks, which only join what is collective (gathers of shards)
+        and never hold the whole state. Each parameter that is not fp32 carries its fp32 master
+        weight in its optimizer slot `master` (`recipe.engines.mixed_precision`)."""
         ...
 
     def check_state(self, state: dict[str, Any]) -> None:
         """Raise ValueError unless a checkpoint's `state` loads into this trainer as it is."""
         ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any], *, path: Path | None = None) -> None:
+        """Restore a checkpoint's trainer state (`check_state` passed). `path`: the file it was read
+        from; trainer rank 0 sends the other ranks that path, never the state
+        (`recipe.pipeline.lead.LeadTrainer`)."""
+        ...
 
     def close(self) -> None:
         """Release what the engine made for itself (DeepSpeed's one-rank group in a one-task run)."""

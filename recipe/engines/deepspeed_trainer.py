@@ -14,9 +14,12 @@ weights) is refused: rank 0 alone samples and pushes, and gathering stage-3 weig
 
 Precision: the model keeps the dtypes the recipe gave it (`model.dtype`, the FP32 LM head of
 `recipe.model.precision`); DeepSpeed's "bf16" mode stays off, since it would cast the whole module.
-Stage 0 steps the weights as they are, exactly as `TorchTrainer`. ZeRO 1/2 flatten each parameter
-group into one buffer, so the optimizer's groups are split by dtype first, and step fp32 master
-shards of them: bf16 weights are the rounded masters.
+Every stage trains a bf16 body as mixed precision, on fp32 master weights with fp32 optimizer
+state: ZeRO 1/2 flatten each parameter group into one buffer, so the optimizer's groups are split
+by dtype first, and step fp32 master shards of them (DeepSpeed's own partitions); stage 0 steps
+the client optimizer on the module's parameters, so it gets the torch trainer's masters
+(`recipe.engines.mixed_precision.MasterWeights`), swapped into the optimizer after
+`deepspeed.initialize` has placed the module. Either way the bf16 weights are the rounded masters.
 
 A rank whose share is empty (the zero-variance filter left fewer groups than ranks) still joins
 the gradient reduction: it back-propagates the loss of one row times zero.
@@ -34,14 +37,17 @@ DeepSpeed consults before building it) before DeepSpeed creates its backend, so 
 about a second.
 
 Checkpoints: `state_dict()` is collective (every trainer rank calls it, `recipe.pipeline.lead.LeadTrainer`)
-and returns, on every rank, the checkpoint format of `TorchTrainer`: the model's state dict and a
-torch AdamW state dict whose per-parameter `exp_avg`/`exp_avg_sq` are gathered from the ZeRO
-shards (`deepspeed.utils.safe_get_full_optimizer_state`), in the run's own parameter groups. Under
-ZeRO each parameter that is not fp32 also carries `master`, its fp32 master weight
-(`safe_get_full_fp32_param`), so a resumed run continues from the same masters. `load_state_dict`
-(every rank, with the whole state) writes back each rank's shards; so a checkpoint of either
-engine resumes on the other (a torch checkpoint of a bf16 model has no masters: they start from
-the bf16 weights).
+and returns, on trainer rank 0 only, the checkpoint format of `TorchTrainer`: the model's state
+dict and a torch AdamW state dict whose per-parameter `exp_avg`/`exp_avg_sq` are gathered from
+the ZeRO shards (`deepspeed.utils.safe_get_full_optimizer_state`), in the run's own parameter
+groups. Each parameter that is not fp32 also carries `master`, its fp32 master weight
+(`safe_get_full_fp32_param` under ZeRO), so a resumed run continues from the same masters. The
+gather goes one tensor at a time; the other ranks join each gather and drop its result at once,
+so none of them holds more than one full tensor beyond its own shards, and they return None.
+`load_state_dict` (every rank, with the whole state: the followers read it from the checkpoint
+file memory-mapped, `recipe.loop.checkpoint.read_trainer_state`) writes back each rank's shards;
+so a checkpoint of either engine resumes on the other (a checkpoint without masters, an fp32
+run's, starts them from the weights).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ import math
 import os
 import types
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -71,14 +78,14 @@ from deepspeed.utils import (  # noqa: E402
 
 from recipe.config import LossConfig  # noqa: E402
 from recipe.engines.base import TrainBatch  # noqa: E402
+from recipe.engines.mixed_precision import MASTER_KEY, MasterWeights  # noqa: E402
 from recipe.engines.torch_trainer import batch_to, shard_loss, step_metrics  # noqa: E402
 from recipe.loop import checkpoint  # noqa: E402
 from recipe.model.policy import completion_logprobs  # noqa: E402
 
 ZERO_STAGES = (0, 1, 2)
-"""The ZeRO stages this trainer runs (3 shards the weights, which rank 0 needs whole)."""
-MASTER_KEY = "master"
-"""Per-parameter optimizer state slot holding the fp32 master weight of a non-fp32 model."""
+"""The ZeRO stages this trainer runs (3 shards the weights, which rank 0 needs whole; the config's
+range, `recipe.config.EngineConfig.zero_stage`, is the same)."""
 
 logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 
@@ -144,6 +151,7 @@ class DeepspeedTrainer:
         )
         self.model = self.engine.module
         self.optimizer = optimizer  # the torch AdamW itself: in ZeRO stages it steps the flat fp32 shards
+        self.masters = None if self.sharded else MasterWeights(optimizer)  # stage 0: the fp32 masters are ours
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.device = next(self.model.parameters()).device
 
@@ -176,10 +184,13 @@ class DeepspeedTrainer:
             group["lr"] = lr
         result = shard_loss(self.model, self.loss_cfg, batch, self.rank, self.world_size)
         self.engine.backward(result[0] if result is not None else self._zero_loss(batch))
-        if not self.sharded:  # stage 0: the gradients are whole here, summed over the ranks
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
+        if self.masters is not None:  # stage 0: the gradients are whole here, summed over the ranks
+            self.masters.take_gradients()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.masters.params(), self.max_grad_norm))
         self.engine.step()
-        if self.sharded:
+        if self.masters is not None:
+            self.masters.write_back()
+        else:
             grad_norm = float(self.engine.get_global_grad_norm())
         return step_metrics(result, grad_norm, self.world_size, None, self.device)
 
@@ -197,13 +208,18 @@ class DeepspeedTrainer:
     def eval_model(self) -> torch.nn.Module:
         return self.model
 
-    def state_dict(self) -> dict[str, Any]:
-        """Collective over the trainer ranks: the whole model and optimizer state, on every rank."""
-        return {"model": self.model.state_dict(), "optimizer": self._optimizer_state()}
+    def state_dict(self) -> dict[str, Any] | None:
+        """Collective over the trainer ranks: the whole model and optimizer state on trainer rank 0,
+        None on the others (which join the gathers without keeping them)."""
+        if self.masters is None:
+            optimizer = self._optimizer_state()
+        else:  # stage 0: every rank holds the whole state, nothing to gather
+            optimizer = self.masters.optimizer_state() if self.rank == 0 else None
+        return {"model": self.model.state_dict(), "optimizer": optimizer} if self.rank == 0 else None
 
-    def _optimizer_state(self) -> dict[str, Any]:
-        if not self.sharded:
-            return self.optimizer.state_dict()
+    def _optimizer_state(self) -> dict[str, Any] | None:
+        """The gathered optimizer state (collective), kept on rank 0 only."""
+        keep = self.rank == 0
         live = {j: g for j, g in reversed(list(zip(self._origin, self.optimizer.param_groups)))}
         hyper = [{k: v for k, v in live[j].items() if k != "params"} for j in range(len(self._groups_template))]
         param_groups = [g | h for g, h in zip(self._groups_template, hyper)]
@@ -215,22 +231,29 @@ class DeepspeedTrainer:
         state: dict[int, dict[str, Any]] = {}
         for i, param in enumerate(self.params):
             slots = {k: _clone(v) for k, v in shard_state.items() if k not in tensor_keys}  # step
-            for key in tensor_keys:
-                slots[key] = safe_get_full_optimizer_state(param, key).cpu()
-            if param.dtype != torch.float32:  # the same on every rank: the gather is collective
-                slots[MASTER_KEY] = safe_get_full_fp32_param(param).cpu()
-            state[i] = slots
-        return {"state": state, "param_groups": param_groups}
+            for key in tensor_keys:  # each gather is collective: every rank joins, rank 0 keeps it
+                full = safe_get_full_optimizer_state(param, key)
+                if keep:
+                    slots[key] = full.cpu()
+                del full
+            if param.dtype != torch.float32:
+                full = safe_get_full_fp32_param(param)
+                if keep:
+                    slots[MASTER_KEY] = full.cpu()
+                del full
+            if keep:
+                state[i] = slots
+        return {"state": state, "param_groups": param_groups} if keep else None
 
     def check_state(self, state: Mapping[str, Any]) -> None:
         checkpoint.check_fits(state, self.model, self._view)  # the parameters as the run's optimizer held them
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], *, path: Path | None = None) -> None:
         """Every trainer rank, with the whole state (`check_state` passed): each keeps its own shards."""
         self.model.load_state_dict(state["model"])
         saved = state["optimizer"]
-        if not self.sharded:
-            self.optimizer.load_state_dict(saved)
+        if self.masters is not None:
+            self.masters.load_optimizer_state(saved)
             return
         slots = {int(i): s for i, s in saved["state"].items()}
         for i, param in enumerate(self.params):

@@ -9,12 +9,18 @@ split (tests/test_roles_dp.py checks it with real gloo processes). This is what 
 the sum is taken by hand rather than by DDP's backward hooks because a rank whose share is empty
 (the zero-variance filter can leave fewer groups than ranks) still has to join the all-reduce,
 with zeros, and DDP would wait for a backward that never comes.
+
+Precision: a body that is not fp32 (`model.dtype: bfloat16`, or auto on a GPU) trains as mixed
+precision (`recipe.engines.mixed_precision.MasterWeights`): its gradients are moved onto fp32
+master weights before the all-reduce, clipped and stepped there, and the weights are the masters
+rounded to the body's dtype.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,6 +28,7 @@ import torch.distributed as dist
 
 from recipe.config import LossConfig
 from recipe.engines.base import TrainBatch
+from recipe.engines.mixed_precision import MasterWeights
 from recipe.loop import checkpoint
 from recipe.loop.losses import batch_counts, group_token_counts, log_ratio, policy_loss
 from recipe.model.policy import completion_logprobs
@@ -115,6 +122,7 @@ class TorchTrainer:
         kernels: str = "reference",
     ) -> None:
         self.model, self.optimizer, self.loss_cfg = model, optimizer, loss_cfg
+        self.masters = MasterWeights(optimizer)  # a bf16 body steps fp32 masters (mixed precision)
         self.kernels = kernels
         self.max_grad_norm = max_grad_norm or math.inf
         self.group = group
@@ -130,17 +138,20 @@ class TorchTrainer:
         result = shard_loss(self.model, self.loss_cfg, batch, self.rank, self.world_size, kernels=self.kernels)
         if result is not None:
             result[0].backward()
+        self.masters.take_gradients()  # the optimizer's tensors hold the gradients now, all fp32
         if self.world_size > 1:
             self._sum_gradients()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.masters.params(), self.max_grad_norm)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
+        self.masters.write_back()
         return step_metrics(result, float(grad_norm), self.world_size, self.group, batch.tokens_BT.device)
 
     def _sum_gradients(self) -> None:
-        """One all-reduce of every gradient, flattened (zeros for a rank that computed none)."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        """One all-reduce of every gradient the optimizer steps, flattened (zeros for a rank that
+        computed none)."""
+        params = [p for p in self.masters.params() if p.requires_grad]
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -159,8 +170,13 @@ class TorchTrainer:
     def eval_model(self) -> torch.nn.Module:
         return self.model
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+    def state_dict(self) -> dict[str, Any] | None:
+        """The model and the optimizer state, each master in its parameter's `master` slot
+        (`recipe.engines.mixed_precision`); None on trainer ranks other than 0, which hold the
+        same state and write no checkpoint."""
+        if self.rank != 0:
+            return None
+        return {"model": self.model.state_dict(), "optimizer": self.masters.optimizer_state()}
 
     def check_state(self, state: Mapping[str, Any]) -> None:
         checkpoint.check_fits(state, self.model, self.optimizer)
@@ -168,9 +184,9 @@ class TorchTrainer:
     def close(self) -> None:
         """Nothing to release: the process group (if any) belongs to the run's roles."""
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], *, path: Path | None = None) -> None:
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.masters.load_optimizer_state(state["optimizer"])
 
 
 def batch_to(batch: TrainBatch, device: torch.device) -> TrainBatch:

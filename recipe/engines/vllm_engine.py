@@ -76,7 +76,7 @@ class VllmSettings:
 
     model_dir: str
     dtype: str = "auto"
-    """`model.dtype`: auto is bfloat16 on GPU, float32 on CPU (`recipe.model.precision.body_dtype`)."""
+    """`model.dtype`, resolved for `device` as the trainer resolves it (`recipe.config.resolve_dtype`)."""
     lm_head_fp32: bool = True
     seed: int = 0
     temperature: float = 1.0

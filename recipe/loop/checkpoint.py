@@ -84,6 +84,15 @@ def load_newest_valid(
     return None
 
 
+def read_trainer_state(path: Path) -> dict[str, Any]:
+    """The trainer's part of a checkpoint that trainer rank 0 has already validated
+    (`load_newest_valid`), for the other trainer ranks: memory-mapped, so that a rank reads only
+    the pages it copies into its own weights and shards, and the ranks of a node share the page
+    cache instead of each holding the whole state."""
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return {"model": state["model"], "optimizer": state["optimizer"]}
+
+
 def prune(run_dir: Path, keep: int) -> list[int]:
     """Delete all but the newest `keep` checkpoints; return the deleted steps."""
     deleted = []

@@ -37,11 +37,6 @@ def check_engine(cfg: RecipeConfig) -> None:
             f"{sys.executable} cannot import; install it (pip install -e '.[gpu]', on CPU '.[deepspeed]') "
             "or set engine.trainer=torch"
         )
-    if cfg.engine.zero_stage == 3:
-        raise NotAvailableError(
-            "engine.zero_stage=3 (weights sharded over the trainer ranks) is not available yet in this version: "
-            "trainer rank 0 samples, evaluates and pushes with the whole weights; set engine.zero_stage to 0, 1 or 2"
-        )
 
 
 def check_budget(cfg: RecipeConfig) -> None:

@@ -228,7 +228,8 @@ def resume(state: RunState, run_dir: Path, sink: Sink, log: Callable[[str], None
     changed = _changed_keys(saved["config"], state.cfg.to_dict())
     if changed:
         log(f"config changed since the checkpoint: {', '.join(changed)}")
-    state.trainer.load_state_dict({"model": saved["model"], "optimizer": saved["optimizer"]})
+    path = checkpoint.checkpoint_path(run_dir, saved["step"])  # the other trainer ranks read it there
+    state.trainer.load_state_dict({"model": saved["model"], "optimizer": saved["optimizer"]}, path=path)
     state.step = saved["step"]
     state.compute = Compute(**saved["compute"])
     state.drawer.load_state_dict(saved["prompts"])

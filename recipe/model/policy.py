@@ -18,7 +18,7 @@ from transformers.utils import logging as hf_logging
 
 from recipe.model.lean import lean_llama
 from recipe.model.packing import RowGroups
-from recipe.model.precision import upcast_lm_head
+from recipe.model.precision import job_dtype, upcast_lm_head
 
 # Job logs are files; a model of a few shards only adds progress-bar noise to them.
 hf_logging.disable_progress_bar()
@@ -63,15 +63,11 @@ def build_tiny_llama(shape: TinyLlamaShape, tokenizer: PreTrainedTokenizerFast, 
     return LlamaForCausalLM(config)
 
 
-def resolve_dtype(dtype: str) -> torch.dtype:
-    """`model.dtype` on this engine: auto is float32, since the torch engine runs on CPU."""
-    return {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-
-
 def load_policy(directory: Path, *, dtype: str, lm_head_fp32: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """Model and tokenizer from a Hugging Face directory, in `model.dtype`, with the fp32 head if
-    asked (`recipe.model.precision.upcast_lm_head`)."""
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=resolve_dtype(dtype))
+    """Model and tokenizer from a Hugging Face directory, in `model.dtype` as this process resolves
+    it (`recipe.model.precision.job_dtype`: the generators' dtype too), with the fp32 head if asked
+    (`recipe.model.precision.upcast_lm_head`)."""
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=job_dtype(dtype))
     tokenizer = PreTrainedTokenizerFast.from_pretrained(directory)
     if lm_head_fp32:
         upcast_lm_head(model)  # the weight stays in the body's dtype, as vLLM's head_dtype keeps it

@@ -1,8 +1,9 @@
 """Model precision: the body's dtype, and the FP32 LM head on the generator and the trainer alike.
 
-`model.dtype` picks the body's dtype; `auto` is bfloat16 on a GPU and float32 on CPU (bfloat16
-works on CPU too: it runs on this machine's avx512_bf16 kernels, just not faster than fp32 for a
-tiny model).
+`model.dtype` picks the body's dtype, resolved by `recipe.config.resolve_dtype` for the trainer
+and every generator alike: `auto` is bfloat16 on a GPU and float32 on CPU (bfloat16 works on CPU
+too: it runs on this machine's avx512_bf16 kernels, just not faster than fp32 for a tiny model).
+A bfloat16 body trains with fp32 master weights (`recipe.engines.mixed_precision`).
 
 `precision.lm_head_fp32` (see docs/engines.md): the head's *weight stays in the body's dtype*
 and is upcast to fp32 inside the forward, together with the hidden states, so the logits (and
@@ -19,16 +20,21 @@ import types
 import torch
 import torch.nn.functional as F
 
+from recipe.config import resolve_dtype
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+"""`recipe.config.MODEL_DTYPES` as torch dtypes."""
 
 
 def body_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
-    """The torch dtype `model.dtype` names on `device` (auto: bfloat16 on CUDA, float32 on CPU)."""
-    if name == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    if name not in DTYPES:
-        raise ValueError(f"model.dtype must be one of {['auto', *DTYPES]}, got {name!r}")
-    return DTYPES[name]
+    """The torch dtype `model.dtype` names on `device` (`recipe.config.resolve_dtype`)."""
+    return DTYPES[resolve_dtype(name, gpu=torch.device(device).type == "cuda")]
+
+
+def job_dtype(name: str) -> torch.dtype:
+    """The torch dtype `model.dtype` names in this process: on CUDA where torch sees a GPU (where
+    the policy then lives, `recipe.loop.state.policy_device`), else on CPU."""
+    return body_dtype(name, "cuda" if torch.cuda.is_available() else "cpu")
 
 
 def vllm_dtype(name: str, device: torch.device | str = "cpu") -> str:

@@ -41,13 +41,17 @@ class LeadTrainer:
         self._tell("step", batch, lr)
         return self.inner.step(batch, lr=lr)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any] | None:
         self._tell("state_dict")  # collective for engines whose state is sharded
         return self.inner.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._tell("load_state_dict", state)
-        self.inner.load_state_dict(state)
+    def load_state_dict(self, state: dict[str, Any], *, path: Path | None = None) -> None:
+        """The other ranks are sent the checkpoint's path, never the state (a checkpoint-sized
+        pickle through a broadcast); they read it memory-mapped (`checkpoint.read_trainer_state`)."""
+        if path is None:
+            raise ValueError("LeadTrainer.load_state_dict needs the checkpoint's path for the other trainer ranks")
+        self._tell("load_checkpoint", str(path))
+        self.inner.load_state_dict(state, path=path)
 
     def check_state(self, state: dict[str, Any]) -> None:
         self.inner.check_state(state)

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from recipe.config import Layout, RecipeConfig
 from recipe.engines.base import Group, Trainer
 from recipe.engines.weights import WeightGroupSpec
+from recipe.loop import checkpoint
 from recipe.loop.state import build_optimizer, build_trainer
 from recipe.model.policy import load_policy
 from recipe.pipeline.env import (
@@ -75,8 +76,9 @@ def follow(trainer: Trainer) -> None:
             trainer.step(args[0], lr=args[1])
         elif name == "state_dict":
             trainer.state_dict()
-        elif name == "load_state_dict":
-            trainer.load_state_dict(args[0])
+        elif name == "load_checkpoint":
+            path = Path(args[0])
+            trainer.load_state_dict(checkpoint.read_trainer_state(path), path=path)
         else:
             raise RuntimeError(f"unknown command {name!r} from trainer rank 0")
 
