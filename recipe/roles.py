@@ -60,6 +60,8 @@ from recipe.transport import (
     ControlServer,
     group_from_wire,
     group_to_wire,
+    interrupt_from_wire,
+    interrupt_to_wire,
     meta_from_wire,
     meta_to_wire,
 )
@@ -97,8 +99,9 @@ class TaskEnv:
 
 
 def task_env(environ: Mapping[str, str] = os.environ) -> TaskEnv:
-    """From srun's variables inside a Slurm job step, from SWEEP_TASK_* when a test or a local
-    launcher spawns the tasks, else one task."""
+    """From srun's variables inside a Slurm job step, from submitit's local executor's
+    (SUBMITIT_LOCAL_*: the same places, one node), from SWEEP_TASK_* when a test spawns the tasks
+    itself, else one task."""
     if "SLURM_STEP_NUM_TASKS" in environ and "SLURM_PROCID" in environ:  # srun sets these, sbatch alone does not
         return TaskEnv(
             rank=int(environ["SLURM_PROCID"]),
@@ -107,10 +110,28 @@ def task_env(environ: Mapping[str, str] = os.environ) -> TaskEnv:
             local_rank=int(environ.get("SLURM_LOCALID", "0")),
             attempt_key=f"slurm-{environ.get('SLURM_JOB_ID', '?')}-{environ.get('SLURM_RESTART_COUNT', '0')}",
         )
+    if environ.get("SUBMITIT_EXECUTOR") == "local" and "SUBMITIT_LOCAL_GLOBALID" in environ:
+        return TaskEnv(
+            rank=int(environ["SUBMITIT_LOCAL_GLOBALID"]),
+            num_tasks=int(environ["SUBMITIT_LOCAL_NTASKS"]),
+            num_nodes=int(environ.get("SUBMITIT_LOCAL_JOB_NUM_NODES", "1")),
+            local_rank=int(environ.get("SUBMITIT_LOCAL_LOCALID", "0")),
+            attempt_key=f"local-{environ.get('SUBMITIT_LOCAL_JOB_ID', '?')}",  # the controller's pid: one per start
+        )
     if "SWEEP_NUM_TASKS" in environ:
         rank = int(environ["SWEEP_TASK_RANK"])
         return TaskEnv(rank, int(environ["SWEEP_NUM_TASKS"]), 1, rank, environ.get("SWEEP_ATTEMPT", "local"))
     return TaskEnv(rank=0, num_tasks=1, num_nodes=1, local_rank=0, attempt_key="single")
+
+
+def own_log_path() -> str | None:
+    """This task's stderr file where submitit started it (local or Slurm), else None."""
+    try:
+        import submitit
+
+        return str(submitit.JobEnvironment().paths.stderr)
+    except Exception:  # noqa: BLE001 - not started by submitit (a test, `python -m recipe`)
+        return None
 
 
 def layout_of(cfg: RecipeConfig, env: TaskEnv) -> Layout:
@@ -144,6 +165,16 @@ class Rendezvous:
     @property
     def control_address(self) -> str:
         return f"tcp://{self.host}:{self.control_port}"
+
+
+def withdraw(run_dir: Path, attempt_key: str) -> None:
+    """Remove this attempt's rendezvous (at the end of the run): nobody joins a run that is over."""
+    path = run_dir / RENDEZVOUS_FILE
+    try:
+        if json.loads(path.read_text()).get("attempt_key") == attempt_key:
+            path.unlink()
+    except (OSError, ValueError):
+        pass
 
 
 def publish(run_dir: Path, rendezvous: Rendezvous) -> None:
@@ -280,6 +311,7 @@ class LeadTeam:
         should_stop: Callable[[], bool] = lambda: False,
     ):
         self.cfg, self.env, self.layout, self.log, self.should_stop = cfg, env, layout, log, should_stop
+        self.run_dir = run_dir
         gpus_per_node = torch.cuda.device_count()
         self.num_gpus = min(env.num_tasks, gpus_per_node * env.num_nodes)  # what the job holds, not its tasks
         backend = "nccl" if gpus_per_node else "gloo"
@@ -293,12 +325,17 @@ class LeadTeam:
             f"layout: {layout.num_trainers} trainer rank(s), {layout.num_generators} generator rank(s) "
             f"on {layout.num_nodes} node(s); control {self.rendezvous.control_address}"
         )
-        join_trainer_group(env, layout, self.rendezvous)
-        self._wait_for_generators()
-        spec = WeightGroupSpec(
-            self.rendezvous.host, self.rendezvous.weight_port, layout.num_generators, weight_backend, peer_timeout_s()
-        )
-        self.sender = weight_sender(cfg, spec)
+        try:
+            join_trainer_group(env, layout, self.rendezvous)
+            self._wait_for_generators()
+            spec = WeightGroupSpec(
+                self.rendezvous.host, self.rendezvous.weight_port, layout.num_generators, weight_backend, peer_timeout_s()
+            )
+            self.sender = weight_sender(cfg, spec)
+        except BaseException:
+            withdraw(run_dir, env.attempt_key)
+            self.control.close()
+            raise
         self.leader: LeadTrainer | None = None
 
     def _wait_for_generators(self) -> None:
@@ -331,6 +368,7 @@ class LeadTeam:
         except Exception as error:  # noqa: BLE001 - a peer already gone needs no stop; the cause is reported above
             self.log(f"could not tell every task to stop: {type(error).__name__}: {error}")
         finally:
+            withdraw(self.run_dir, self.env.attempt_key)
             self.control.close()
             self.sender.close()
             if dist.is_initialized():
@@ -349,7 +387,8 @@ def weight_sender(cfg: RecipeConfig, spec: WeightGroupSpec) -> Any:
 
 def _raise_if_error(index: int, message: dict[str, Any]) -> None:
     if message.get("type") == "error":
-        raise RuntimeError(f"generator rank {index} failed: {message.get('message')}")
+        where = f" (its log: {message['log']})" if message.get("log") else ""
+        raise RuntimeError(f"generator rank {index} failed: {message.get('message')}{where}")
 
 
 @dataclass
@@ -484,15 +523,16 @@ class PipelineRollouts:
             load[index] += 1
             self.in_flight[group_id] = (row, index)
             self.num_sent += 1
-            work.setdefault(index, []).append(
-                {
-                    "group_id": group_id,
-                    "prompt": _prompt_tokens(state, row),
-                    "num_samples": cfg.batch.generations,
-                    "max_new_tokens": state.max_new_tokens,
-                    "seed": int(np.random.SeedSequence([4, cfg.seed, state.step, self.num_sent]).generate_state(1)[0]),
-                }
-            )
+            item = {
+                "group_id": group_id,
+                "prompt": _prompt_tokens(state, row),
+                "num_samples": cfg.batch.generations,
+                "max_new_tokens": state.max_new_tokens,
+                "seed": int(np.random.SeedSequence([4, cfg.seed, state.step, self.num_sent]).generate_state(1)[0]),
+            }
+            if state.interrupt is not None:  # the thinking budgets travel with the prompt
+                item["interrupt"] = interrupt_to_wire(state.interrupt.draw(cfg.batch.generations, state.generator))
+            work.setdefault(index, []).append(item)
         for index, items in work.items():
             self.control.send(index, {"type": "work", "items": items})
 
@@ -545,18 +585,21 @@ class PipelineRollouts:
         tokens_BT = torch.full((len(samples), width), state.tokenizer.pad_token_id, dtype=torch.long)
         logp_BT = torch.zeros((len(samples), width))
         mask_BT = torch.zeros((len(samples), width), dtype=torch.bool)
+        forced_BT = torch.zeros((len(samples), width), dtype=torch.bool) if state.interrupt is not None else None
         for i, s in enumerate(samples):
             n = len(s.token_ids)
             tokens_BT[i, :n] = torch.tensor(s.token_ids)
             logp_BT[i, :n] = torch.tensor(s.logprobs)
             mask_BT[i, :n] = True
+            if forced_BT is not None and s.forced:
+                forced_BT[i, list(s.forced)] = True
         rows_P = torch.tensor([a.row for a in taken])
         versions_B2 = torch.tensor([[s.version_start, s.version_end] for s in samples])
         num_dropped, self.num_dropped = self.num_dropped, 0
         return train_mod.Rollout(
             prompt_rows_P=rows_P,
             prompt_ids_BP=state.train_prompt_ids[rows_P].repeat_interleave(len(taken[0].group.samples), dim=0),
-            completions=Completions(tokens_BT, logp_BT, mask_BT, torch.tensor([s.finished for s in samples])),
+            completions=Completions(tokens_BT, logp_BT, mask_BT, torch.tensor([s.finished for s in samples]), forced_BT),
             rewards_PG=torch.stack([a.rewards_G for a in taken]),
             passes_PG=torch.stack([a.passes_G for a in taken]),
             policy_version=int(versions_B2[:, 0].min()),
@@ -649,7 +692,7 @@ def run_generator(
         log(f"generator {index}: joined the weight group ({rendezvous.weight_backend})")
         _generate_until_stopped(engine, client, index, log)
     except Exception as exc:
-        client.send({"type": "error", "message": f"{type(exc).__name__}: {exc}"})
+        client.send({"type": "error", "message": f"{type(exc).__name__}: {exc}", "log": own_log_path()})
         raise
     finally:
         client.close()
@@ -676,6 +719,7 @@ def _generate_until_stopped(engine: Any, client: ControlClient, index: int, log:
                     engine.submit(
                         item["group_id"], item["prompt"], num_samples=item["num_samples"],
                         max_new_tokens=item["max_new_tokens"], seed=item["seed"],
+                        interrupt=interrupt_from_wire(item.get("interrupt")),
                     )  # fmt: skip
                     running += 1
             elif kind == "weights":

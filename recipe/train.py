@@ -379,11 +379,6 @@ def generation_cap(cfg: RecipeConfig, task: Task, log: Callable[[str], None]) ->
             f"has no thinking phase to interrupt; raise length.interrupt_min to >= {cap} or use "
             "length.control=penalty or none"
         )
-    elif cfg.engine.generator_ranks:
-        raise NotAvailableError(
-            "length.control=interrupt with engine.generator_ranks > 0: forced interruption on generator ranks is "
-            f"not available yet in this version; use engine.generator_ranks=0, or length.interrupt_min >= {cap}"
-        )
     return cap
 
 
@@ -692,7 +687,7 @@ def rollout_metrics(rollout: Rollout) -> dict[str, float]:
         "pass_rate": float(rollout.passes_PG.mean()),
         "mean_length": float(c.lengths_B.float().mean()),
         "truncation_rate": float((~c.finished_B).float().mean()),
-        "interrupt_rate": float(c.interrupted_B.float().mean()),
+        "interrupted_fraction": float(c.interrupted_B.float().mean()),
         "entropy": _entropy_estimate(c),
     }
 
@@ -806,7 +801,7 @@ def evaluate(state: RunState) -> dict[str, Any]:
         "num_samples": len(passes),
         "mean_length": float(torch.cat(lengths).float().mean()),
         "truncation_rate": float((~torch.cat(finished)).float().mean()),
-        "interrupt_rate": float(torch.cat(interrupted).float().mean()),
+        "interrupted_fraction": float(torch.cat(interrupted).float().mean()),
         "entropy": float(-torch.cat(logps).mean()),
         **pass_rate_by_difficulty(task, prompts, passes),
     }
