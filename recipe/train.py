@@ -41,7 +41,8 @@ Compute, cumulative, in every eval point: `flops` = 2·N·(prompt + completion t
 (`recipe.model.matmul_param_count`; a lookup costs no multiply-adds); attention FLOPs are left
 out (tiny at these lengths), and so is evaluation. `tokens` = completion tokens generated for
 training. `device_seconds` = wall time of training steps (generation + update), without evaluation
-and checkpointing. `gpu_hours` = GPUs x those hours: 0 on this CPU engine.
+and checkpointing. `gpu_hours` = the job's GPUs x those hours (0 on a CPU); `budget.gpu_hours` stops the
+run when they reach it.
 
 Checkpoints (`recipe.checkpoint`) every `checkpoint.every` steps, at the end, and when
 `should_stop()` (asked once per step) returns true. A run resumes from its newest valid checkpoint
@@ -216,7 +217,7 @@ def train(
     `team`: the run's other ranks when this is trainer rank 0 of a multi-task job; None for one task.
     """
     check_engine(cfg)
-    check_budget(cfg)
+    check_budget(cfg, job_gpus(team))
     if cfg.async_.mode == "pipeline" and team is None:
         log(
             "async.mode=pipeline with engine.generator_ranks=0: generation and training alternate in this "
@@ -350,13 +351,22 @@ def check_engine(cfg: RecipeConfig) -> None:
         )
 
 
-def check_budget(cfg: RecipeConfig) -> None:
-    """A budget this engine can reach: it spends no GPU-hours."""
-    if cfg.budget.steps is None and cfg.budget.flops is None:
+def job_gpus(team: Team | None) -> int:
+    """The GPUs the run's job holds, all tasks together (what one second of a step costs in GPU-seconds)."""
+    if team is not None:
+        return team.num_gpus
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_budget(cfg: RecipeConfig, num_gpus: int) -> None:
+    """A budget the job can reach: GPU-hours (device seconds x the job's GPUs) only where it holds
+    GPUs. `sweep launch` refuses budget.gpu_hours for a CPU target (`launcher.target`); this is
+    the job's own guard for a job that got no GPU."""
+    if num_gpus == 0 and cfg.budget.steps is None and cfg.budget.flops is None:
         raise ConfigError(
             "budget.gpu_hours",
-            "the torch engine runs on CPU and spends no GPU-hours, so budget.gpu_hours alone never "
-            "ends a run; set budget.steps or budget.flops",
+            "this job holds no GPU and spends no GPU-hours, so budget.gpu_hours alone never "
+            "ends a run; set budget.steps or budget.flops, or run on a GPU node",
         )
 
 
@@ -449,7 +459,7 @@ def initial_state(
         num_matmul_params=num_matmul_params,
         train_prompt_mask=train_prompt_mask,
         valid_prompt_mask=valid_prompt_mask,
-        num_gpus=team.num_gpus if team is not None else 0,
+        num_gpus=job_gpus(team),
         device_generator=_device_generator(device, _seed(_SAMPLING_STREAM, cfg.seed)),
     )
 
