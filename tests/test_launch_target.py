@@ -181,3 +181,27 @@ def test_the_scalerl_files_pass_every_launch_check(tmp_path):
     cpu = CliRunner().invoke(cli, ["launch", str(ROOT / "sweeps" / "scalerl-cpu.yaml"), "--dry-run", "--cluster", "local"])
     assert cpu.exit_code == 0, cpu.output
     assert "engine.generator=torch" in cpu.output
+
+
+def test_budget_gpu_hours_stops_a_job_that_holds_gpus_fake_gpu(tmp_path, monkeypatch):
+    """The job's GPU-hours (device seconds x its GPUs) are its compute axis and stop it; a job
+    without GPUs refuses the budget (the launch refused it first, above)."""
+    from conftest import small_recipe
+
+    from recipe import builtin, train
+    from recipe.sink import MemorySink
+
+    model_dir = builtin.builtin_model_dir(
+        "sort6-gpu-hours", builtin.WarmupRecipe(num_steps=5, lr=1e-3, label_smoothing=0.0), tmp_path / "cache",
+        lambda _: None,
+    )  # fmt: skip
+    cfg = small_recipe(model_dir, **{"budget.steps": None, "budget.gpu_hours": 1e-6, "eval.every": 1})
+    with pytest.raises(ConfigError, match="budget.gpu_hours: this job holds no GPU"):
+        train.train(cfg, tmp_path / "cpu", MemorySink(), log=lambda _: None)
+    monkeypatch.setattr(train, "job_gpus", lambda team: 4)  # four GPUs held (the fake)
+    sink = MemorySink()
+    outcome = train.train(cfg, tmp_path / "gpu", sink, log=lambda _: None)
+    assert outcome.state == "completed" and outcome.final_step >= 1
+    last = sink.eval_points[max(sink.eval_points)]
+    assert last["gpu_hours"] >= 1e-6
+    assert last["gpu_hours"] == pytest.approx(4 * last["device_seconds"] / 3600)
