@@ -697,11 +697,6 @@ def check_layout(cfg: RecipeConfig, *, num_nodes: int, tasks_per_node: int) -> L
         )  # fmt: skip
     if ranks >= tasks and ranks > 0:
         raise ConfigError(key, f"{ranks} with {shape}: leaves no trainer rank; must be below {tasks}")
-    if ranks and cfg.async_.mode != "pipeline":
-        raise ConfigError(
-            "async.mode", f"{cfg.async_.mode!r} with engine.generator_ranks={ranks}: separate generator ranks "
-            "stream under 'pipeline' only; use async.mode=pipeline or engine.generator_ranks=0"
-        )  # fmt: skip
     trainers = layout.num_trainers
     if num_nodes > 1 and trainers > tasks_per_node and trainers % tasks_per_node:
         raise ConfigError(

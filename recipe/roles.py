@@ -407,7 +407,11 @@ class _Arrived:
 
 
 class PipelineRollouts:
-    """PipelineRL-k on trainer rank 0 (a `recipe.train.RolloutSource`).
+    """PipelineRL-k (or PPO-off-policy-k) on trainer rank 0 (a `recipe.train.RolloutSource`).
+
+    PPO-off-policy-k (`async.mode: ppo-offpolicy`) on generator ranks: the weights are pushed once
+    every k steps, and admission lets the generators start the round's k batches on that version
+    and no more, so step i of a round trains on data i versions old (lags 0 .. k-1 in turn).
 
     Admission: a prompt group goes to the least busy generator only while `recipe.lag.Admission`
     allows it for the version the generators hold. Consumption: groups are taken in the order
@@ -435,7 +439,10 @@ class PipelineRollouts:
         self.control, self.sender, self.log, self.should_stop = control, sender, log, should_stop
         self.peers_gone = False  # set once the generators went away after a stop signal
         self.max_lag, self.groups_per_step = cfg.async_.max_lag, cfg.batch.prompts
-        self.admission = Admission(self.max_lag, self.groups_per_step)
+        self.rounds = cfg.async_.mode == "ppo-offpolicy"
+        # PPO-off-policy-k: the k batches of a round come from the version pushed at its start, so
+        # at most k - 1 versions old; pipeline: admitted up to k versions ahead, pushed every step.
+        self.admission = Admission(self.max_lag - 1 if self.rounds else self.max_lag, self.groups_per_step)
         self.admission.admitted = state.step * self.groups_per_step  # a resumed run trained these; nothing in flight
         self.generator_version = -1
         self.in_flight: dict[str, tuple[int, int]] = {}  # group id -> (prompt row, generator index)
@@ -475,8 +482,8 @@ class PipelineRollouts:
             torch.cuda.synchronize()  # the step's kernels count to the trainer, not to the push
         trained = time.perf_counter()
         try:
-            if not self.peers_gone:
-                self.push(state)
+            if not self.peers_gone and (not self.rounds or state.step % self.max_lag == 0):
+                self.push(state)  # PPO-off-policy-k: once per round of k steps
         except Exception as exc:
             if not self.should_stop():
                 raise

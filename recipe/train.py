@@ -26,10 +26,11 @@ Off-policy modes (`async.mode`, k = `async.max_lag`):
 - ppo-offpolicy (PPO-off-policy-k): k batches are generated with one policy, then k optimizer steps
   are taken, one per batch; the i-th step of a round trains on data i policy versions old, so the
   importance ratios move away from 1.
-- pipeline (PipelineRL-k): this single-process engine alternates generation and training, so every
-  batch comes from the current policy: lag 0, within PipelineRL-k's bound, ratios 1 up to
-  numerics. Generators that keep streaming while weights are pushed in flight, the point of
-  PipelineRL, come with the vLLM engine.
+- pipeline (PipelineRL-k): in one task generation and training alternate, so every batch comes
+  from the current policy: lag 0, within PipelineRL-k's bound, ratios 1 up to numerics. With
+  generator ranks (`engine.generator_ranks`, `recipe.roles.PipelineRollouts`) the generators
+  stream while weights are pushed in flight after every step, up to k versions ahead.
+- Both modes run on generator ranks: there ppo-offpolicy pushes once per round of k steps.
 
 Evaluation: the held-out pass rate, mean@k (k = `eval.samples`) over every held-out prompt, sampled
 at temperature 1 with a random stream of its own (seeded by run seed and step), at step 0, at steps
