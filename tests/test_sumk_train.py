@@ -99,7 +99,9 @@ def test_interrupt_settings_this_engine_refuses(model_dir, tmp_path):
 
     cfg = sumk_recipe(model_dir, **{"length.interrupt_min": 3, "length.interrupt_max": 5})
     on_generator_ranks = resolve(flatten(cfg.to_dict()) | {"engine.generator_ranks": 1})  # taken since issue 19
-    assert train.generation_cap(on_generator_ranks, load_task(cfg.data), lambda _: None) == cfg.length.max_new_tokens
+    task = load_task(cfg.data)
+    cap = min(task.max_new_tokens, cfg.length.max_new_tokens)
+    assert train.generation_cap(on_generator_ranks, task, lambda _: None) == cap
     with pytest.raises(NotAvailableError, match="not available yet for sort6, which has no thinking phase"):
         sort6 = resolve({"length.interrupt_min": 4, "length.interrupt_max": 6})
         train.train(sort6, tmp_path, MemorySink(), log=lambda _: None)
