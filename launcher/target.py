@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.grid import GridError, RunPlan, SweepSpec
-from recipe.config import RecipeConfig
+import recipe.config as recipe_config
+from recipe.config import SORT6_MAX_NEW_TOKENS, RecipeConfig
 
 ENGINE_PACKAGES = {"vllm": "vllm", "deepspeed": "deepspeed"}
 COLOCATED_MODULE = Path(__file__).resolve().parents[1] / "recipe" / "loop" / "colocated.py"
@@ -75,8 +76,6 @@ class Target:
     def dtype(self, config: RecipeConfig) -> str:
         """`model.dtype` as both sides of the run use it: `recipe.config.resolve_dtype` where the
         version has it (one resolution for trainer and generator), else the trainer's rule."""
-        from recipe import config as recipe_config
-
         resolve = getattr(recipe_config, "resolve_dtype", None)
         if resolve is not None:
             return str(resolve(config, cuda=self.has_gpus))
@@ -149,24 +148,16 @@ def check_interrupt(spec: SweepSpec, target: Target, config: RecipeConfig) -> No
     length = config.length
     if length.control != "interrupt":
         return
-    from recipe import tasks, tasks_think  # numpy only
-
     if config.data.task == "sort6":
-        cap = min(tasks.SORT6_MAX_NEW_TOKENS, length.max_new_tokens)
+        cap = min(SORT6_MAX_NEW_TOKENS, length.max_new_tokens)
         if length.interrupt_min < cap:
             raise GridError(
                 spec.path, "length.interrupt_min", f"{length.interrupt_min} with length.control=interrupt on sort6, which "
                 f"has no thinking phase to interrupt: raise it to >= {cap} (never fires) or use length.control=penalty "
                 "or none"
             )  # fmt: skip
-    elif config.data.task == "sumk":
-        cap = min(tasks.sumk_max_new_tokens(config.data.sumk_max_digits), length.max_new_tokens)
-        room = cap - 1 - tasks_think.ANSWER_TOKENS  # the phrase is `</think>`, one token
-        if length.interrupt_min < cap and length.interrupt_max > room:
-            raise GridError(
-                spec.path, "length.interrupt_max", f"{length.interrupt_max}: an interrupt at that thinking budget leaves "
-                f"no room for the answer under the {cap}-token cap; lower it to <= {room} or raise length.max_new_tokens"
-            )  # fmt: skip
+    # sumk's room for the answer is a config rule (`recipe.config.check_task_rules`): refused when
+    # the sweep is expanded, before this check.
 
 
 def check_gpu_sharing(spec: SweepSpec, target: Target, config: RecipeConfig) -> None:

@@ -99,6 +99,8 @@ class ModelConfig(Section):
 
 SUMK_DIGITS = (1, 12)
 """The k a sumk prompt may have (recipe.tasks_think.MIN_DIGITS, MAX_DIGITS; a test keeps them equal)."""
+SORT6_MAX_NEW_TOKENS = 7
+"""sort6's own generation cap (six digits and EOS): the task has no thinking phase."""
 SUMK_ANSWER_TOKENS = 4
 """sumk's new tokens beyond its scratchpad (a running sum per digit): `</think>`, two answer digits, EOS."""
 BUILTIN_MODEL_TASKS = {"builtin:sort6-tiny": "sort6", "builtin:sumk-tiny": "sumk", "builtin:sumk-small": "sumk"}

@@ -30,7 +30,7 @@ import numpy as np
 
 from recipe import math as math_check
 from recipe import tasks_think
-from recipe.config import ConfigError, DataConfig, NotAvailableError
+from recipe.config import SORT6_MAX_NEW_TOKENS, ConfigError, DataConfig, NotAvailableError
 
 PAD = "<pad>"
 EOS = "</s>"
@@ -40,7 +40,6 @@ DIGITS = tuple(str(d) for d in range(10))
 VOCABULARY = (PAD, EOS, *DIGITS, SEPARATOR, ANSWER_MARK)
 """Every symbol of sort6; the position of a symbol is its token id."""
 
-SORT6_MAX_NEW_TOKENS = 7
 """Six digits and EOS: a completion that has not ended by then is truncated."""
 
 NUM_NUMBERS = 900
