@@ -143,11 +143,23 @@ class Slot:
     """The job's processes: the slots it takes."""
 
 
+def _resources(store: Store, run: RunRecord) -> dict[str, Any]:
+    sweep = store.get_sweep(run.sweep)
+    return (sweep.spec.get("resources") if sweep is not None else None) or {}
+
+
 def run_tasks(store: Store, run: RunRecord) -> int:
     """`resources.tasks_per_node` of the run's sweep (one node: `sweep launch` refuses more locally)."""
-    sweep = store.get_sweep(run.sweep)
-    resources = (sweep.spec.get("resources") if sweep is not None else None) or {}
-    return max(1, int(resources.get("tasks_per_node", 1) or 1))
+    return max(1, int(_resources(store, run).get("tasks_per_node", 1) or 1))
+
+
+def run_gpus(store: Store, run: RunRecord) -> int:
+    """The GPUs a local job sees: `resources.gpus_per_node`, else every GPU of this machine (the
+    target `sweep launch` resolved `auto` for, `launcher.target`). submitit's local executor hides
+    the GPUs it is not given (CUDA_VISIBLE_DEVICES)."""
+    from launcher.target import local_gpu_count
+
+    return int(_resources(store, run).get("gpus_per_node") or 0) or local_gpu_count()
 
 
 def serve(store: Store) -> None:
@@ -217,8 +229,9 @@ class PruneCheck:
 
 
 def _orphans(store: Store, slots: list[Slot]) -> int:
-    """Open local attempts of this host started by an earlier scheduler whose process still runs.
-    Those whose process is gone without a word are failed (nobody else would notice)."""
+    """The slots held by open local attempts of this host that an earlier scheduler started and
+    whose process still runs. Those whose process is gone without a word are failed (nobody else
+    would notice)."""
     ours = {slot.attempt.id for slot in slots}
     host, alive = socket.gethostname(), 0
     for attempt in store.active_attempts(EXECUTOR):
@@ -227,7 +240,7 @@ def _orphans(store: Store, slots: list[Slot]) -> int:
         if attempt.id in ours or attempt.state == AttemptState.QUEUED or attempt.node != host or pid is None:
             continue
         if is_alive(pid):
-            alive += 1
+            alive += run_tasks(store, store.get_run(attempt.run_id))  # its tasks hold slots
         else:
             reason = f"process {pid} is gone without reporting an end (killed?) (log: {attempt.stderr_path})"
             store.settle_attempt(attempt.id, RunState.FAILED, reason)
@@ -268,7 +281,7 @@ def _submit_job(store: Store, attempt: AttemptRecord, num_tasks: int = 1) -> Slo
 
     run = store.get_run(attempt.run_id)
     executor = submitit.LocalExecutor(folder=Path(run.run_dir) / "logs")
-    executor.update_parameters(timeout_min=JOB_TIMEOUT_MIN, tasks_per_node=num_tasks)
+    executor.update_parameters(timeout_min=JOB_TIMEOUT_MIN, tasks_per_node=num_tasks, gpus_per_node=run_gpus(store, run))
     job = executor.submit(run_recipe, run.run_dir)
     store.update_attempt(
         attempt.id,
