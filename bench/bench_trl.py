@@ -3,15 +3,15 @@
     python bench/bench_trl.py [--rounds 5] [--steps 40] [--warmup 5]
 
 Both sides train the built-in `builtin:sort6-tiny` Llama (84k parameters, built offline on first
-use by `recipe.builtin.resolve_model_dir`) with its tokenizer on sort6 training prompts, 8 prompts
+use by `recipe.tasks.builtin.resolve_model_dir`) with its tokenizer on sort6 training prompts, 8 prompts
 x 8 generations per step, the generation cap of 7 tokens (six digits and EOS), temperature 1 with
-no top-p/top-k, on CPU with one thread. The recipe runs its own loop (`recipe.train.train_step`:
+no top-p/top-k, on CPU with one thread. The recipe runs its own loop (`recipe.loop.train.train_step`:
 sampling, rewards, advantages, one AdamW step) with loss.type=grpo, loss.aggregation=sample,
 advantage.norm=prompt and the filters off, which is what TRL's GRPOTrainer computes with
 loss_type="grpo", scale_rewards="group", beta=0 (no reference model), on-policy (one
 iteration per generation, so no old-log-prob pass). TRL gets fair settings: no gradient
 checkpointing, fp32, no eval, no saving, no reporting, no completion logging, HF generate
-(use_vllm=False), its reward function the project's sort6 scorer (`recipe.tasks.reward`, on the
+(use_vllm=False), its reward function the project's sort6 scorer (`recipe.tasks.sort6.reward`, on the
 decoded completion with its EOS).
 
 The recipe runs three times per round: with `engine.kernels=reference` (the default: its training
@@ -53,18 +53,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from recipe import tasks, train  # noqa: E402
-from recipe.builtin import resolve_model_dir  # noqa: E402
 from recipe.config import resolve  # noqa: E402
+from recipe.loop.checks import generation_cap  # noqa: E402
+from recipe.loop.rollout import LocalRollouts  # noqa: E402
+from recipe.loop.state import initial_state  # noqa: E402
+from recipe.loop.train import train_step  # noqa: E402
+from recipe.tasks import sort6, task as tasks
+from recipe.tasks.builtin import resolve_model_dir  # noqa: E402
 
 MODEL = "builtin:sort6-tiny"
 PROMPTS, GENERATIONS = 8, 8
 LR = 1e-4
 KERNELS = {"recipe": "reference", "recipe-fast": "fast", "recipe-compiled": "compiled"}
 SIDES = {
-    "recipe": "recipe (`train.train_step`, engine.kernels=reference)",
-    "recipe-fast": "recipe (`train.train_step`, engine.kernels=fast)",
-    "recipe-compiled": "recipe (`train.train_step`, engine.kernels=compiled)",
+    "recipe": "recipe (`train_step`, engine.kernels=reference)",
+    "recipe-fast": "recipe (`train_step`, engine.kernels=fast)",
+    "recipe-compiled": "recipe (`train_step`, engine.kernels=compiled)",
     "trl": "TRL `GRPOTrainer`",
 }
 
@@ -101,16 +105,16 @@ def time_recipe(steps: int, warmup: int, kernels: str = "reference") -> tuple[fl
     seconds of its first step (a compile, with engine.kernels=compiled, in the first round)."""
     cfg = recipe_config(kernels)
     task = tasks.load_task(cfg.data)  # type: ignore[attr-defined]
-    state = train.initial_state(cfg, task, train.generation_cap(cfg, task, lambda _: None), lambda _: None)  # type: ignore[arg-type]
-    source = train.LocalRollouts()
+    state = initial_state(cfg, task, generation_cap(cfg, task, lambda _: None), lambda _: None)  # type: ignore[arg-type]
+    source = LocalRollouts()
     started = time.perf_counter()
-    train.train_step(state, source)  # the first warm-up step: the compile, for compiled in round 1
+    train_step(state, source)  # the first warm-up step: the compile, for compiled in round 1
     first_step = time.perf_counter() - started
     for _ in range(warmup - 1):
-        train.train_step(state, source)
+        train_step(state, source)
     started = time.perf_counter()
     for _ in range(steps):
-        train.train_step(state, source)
+        train_step(state, source)
     return time.perf_counter() - started, first_step
 
 
@@ -138,7 +142,7 @@ def trl_reward(tokenizer):
 
     def sort6(prompts, completions, completion_ids, **_):
         texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=False)
-        return [tasks.reward(p, c) for p, c in zip(prompts, texts)]
+        return [sort6.reward(p, c) for p, c in zip(prompts, texts)]
 
     return sort6
 
@@ -152,7 +156,7 @@ def time_trl(steps: int, warmup: int, out_dir: str) -> float:
     directory = resolve_model_dir(MODEL, lambda _: None)
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(directory)
-    train_prompts, _ = tasks.sort6_prompt_sets(4096, 16)
+    train_prompts, _ = sort6.sort6_prompt_sets(4096, 16)
     dataset = Dataset.from_dict({"prompt": train_prompts})
     args = GRPOConfig(
         output_dir=out_dir,
@@ -163,7 +167,7 @@ def time_trl(steps: int, warmup: int, out_dir: str) -> float:
         per_device_train_batch_size=PROMPTS * GENERATIONS,
         gradient_accumulation_steps=1,
         num_generations=GENERATIONS,
-        max_completion_length=tasks.SORT6_MAX_NEW_TOKENS,
+        max_completion_length=sort6.SORT6_MAX_NEW_TOKENS,
         temperature=1.0,
         top_p=1.0,
         top_k=0,

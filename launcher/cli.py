@@ -441,16 +441,22 @@ def rerun_cmd(ctx: click.Context, run: str, seed: int | None) -> None:
 @click.option("--stderr", "which", flag_value="stderr", default=True, help="Show stderr (default).")
 @click.option("--stdout", "which", flag_value="stdout", help="Show stdout.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing as the log grows.")
+@click.option(
+    "--task", type=click.IntRange(min=0), default=0, show_default=True,
+    help="Which task of a multi-task run (0 is trainer rank 0; `sweep show RUN --json` lists them under hosts).",
+)  # fmt: skip
 @click.pass_context
 @_errors
-def logs_cmd(ctx: click.Context, run: str, which: str, follow: bool) -> None:
+def logs_cmd(ctx: click.Context, run: str, which: str, follow: bool, task: int) -> None:
     """The latest attempt's log of RUN (a run id or unique prefix)."""
     store = _store(ctx)
     record = store.get_run(run)
     attempts = store.attempts(record.id)
     if not attempts:
         raise NotFoundError(f"run {record.id} has not been submitted yet")
-    path = getattr(attempts[-1], f"{which}_path")
+    from launcher.runs import task_log_path
+
+    path = task_log_path(getattr(attempts[-1], f"{which}_path"), task)
     if not path or not Path(path).exists():
         raise NotFoundError(
             f"run {record.id}, attempt {attempts[-1].number}: no {which} log yet (expected at {path or 'unknown'})"

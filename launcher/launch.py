@@ -17,8 +17,8 @@ from pathlib import Path
 from launcher import local
 from launcher.grid import RunPlan, SweepSpec
 from launcher.preflight import check_root
-from recipe.provenance import file_sha256
 from recipe.config import write_run_files
+from recipe.telemetry.provenance import file_sha256
 from store import RETRYABLE_STATES, AttemptState, NewRun, RunRecord, RunState, Store
 
 EXECUTORS = ("slurm", "local", "debug")

@@ -16,9 +16,9 @@ The limit lives in a file beside the scheduler's lock (not in the scheduler's me
 scheduler counts the live jobs that an earlier, killed scheduler left running: so a scheduler that
 `sweep status` restarts after a SIGKILL keeps `--max-parallel` (docs/decisions.md, "Local limit").
 
-A run of `resources.tasks_per_node: T` tasks (trainer and generator ranks, `recipe.roles`) is one
+A run of `resources.tasks_per_node: T` tasks (trainer and generator ranks, `recipe.pipeline`) is one
 submitit job of T processes, each with the task environment that submitit's local executor gives
-(SUBMITIT_LOCAL_GLOBALID, ..., read by `recipe.roles.task_env` as srun's are on Slurm); it takes T
+(SUBMITIT_LOCAL_GLOBALID, ..., read by `recipe.pipeline.env.task_env` as srun's are on Slurm); it takes T
 of the `max_parallel` slots (one core each). A task that fails stops the job's other tasks at
 once and fails the run with that task's cause and log (docs/decisions.md, "Local multi-task runs").
 """

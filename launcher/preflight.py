@@ -46,7 +46,7 @@ def check_model_path(sweep_path: str, key: str, value: str, config: RecipeConfig
 def check_data_file(sweep_path: str, key: str, value: str, config: RecipeConfig) -> None:
     if config.data.task != "math-jsonl":
         return
-    from recipe.math import check_math_data  # torch-free; math-verify only runs in its workers
+    from recipe.tasks.math.data import check_math_data  # torch-free; math-verify only runs in its workers
 
     try:
         check_math_data(value, key)
@@ -72,7 +72,7 @@ def check_engine(sweep_path: str, key: str, value: str, config: RecipeConfig) ->
 def check_zero_stage(sweep_path: str, key: str, value: str, config: RecipeConfig) -> None:
     """ZeRO stage 3 shards the weights over the trainer ranks, but trainer rank 0 samples, evaluates
     and pushes with the whole weights: refused before anything is registered (the job refuses it
-    too, `recipe.train.check_engine`). The torch trainer ignores the key."""
+    too, `recipe.loop.checks.check_engine`). The torch trainer ignores the key."""
     if value == "3" and config.engine.trainer != "torch":
         raise GridError(
             sweep_path,

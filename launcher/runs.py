@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 from launcher.launch import LaunchError, _submit
 from recipe.config import ConfigError, RecipeConfig, canonical_json, read_run_files, write_run_files
-from recipe.provenance import code_version
+from recipe.telemetry.provenance import code_version
 from store import NewRun, NotFoundError, RunRecord, RunState, Store
 
 LAST_EVAL_POINTS = 5
@@ -21,7 +22,8 @@ LAST_EVAL_POINTS = 5
 
 def show(store: Store, ref: str) -> dict[str, Any]:
     """The run's resolved config, axis values, attempts (states, exit reasons, provenance),
-    checkpoints and last eval points, as plain JSON-able data."""
+    checkpoints, last eval points and the newest attempt's tasks (`hosts`: role, rank and host of
+    each), as plain JSON-able data."""
     run = store.get_run(ref)
     attempts = store.attempts(run.id)
     latest = next((a.provenance for a in reversed(attempts) if a.provenance), None)
@@ -47,6 +49,7 @@ def show(store: Store, ref: str) -> dict[str, Any]:
         "checkpoints": [{"step": c.step, "path": c.path} for c in store.checkpoints(run.id)],
         "eval_points": [dataclasses.asdict(p) for p in store.eval_points(run.id)[-LAST_EVAL_POINTS:]],
         "provenance": latest,
+        "hosts": (latest or {}).get("hosts") or [],
     }
 
 
@@ -121,3 +124,14 @@ def _code_note(store: Store, original: RunRecord) -> str | None:
     if then and now and then != now:
         return f"run {original.id} ran code commit {then[:12]}; this rerun runs {now[:12]}"
     return None
+
+
+def task_log_path(path: str | None, task: int) -> str | None:
+    """Task `task`'s log beside task 0's: each task of a Slurm job writes its own
+    (submitit's `<job>_<task>_log.err`, `<array>_<index>_<task>_log.err`)."""
+    if path is None or task == 0:
+        return path
+    match = re.search(r"_(\d+)_log\.(out|err)$", path)
+    if match is None:
+        raise NotFoundError(f"{path}: one log for the whole run (not a Slurm job's per-task log); --task {task} has none")
+    return f"{path[: match.start(1)]}{task}{path[match.end(1):]}"

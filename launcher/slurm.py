@@ -97,7 +97,7 @@ def executor_parameters(params: dict[str, Any], job_name: str) -> dict[str, Any]
     out: dict[str, Any] = {
         "job_name": job_name,
         "nodes": params["nodes"],
-        "ntasks_per_node": int(params.get("tasks_per_node", 1)),  # a run's generator and trainer ranks (recipe.roles)
+        "ntasks_per_node": int(params.get("tasks_per_node", 1)),  # a run's generator and trainer ranks (recipe.pipeline)
         "cpus_per_task": params["cpus_per_task"],
         "time": int(params["timeout_min"]),
         "signal_delay_s": int(params["signal_delay_s"]),
@@ -223,7 +223,7 @@ STATE_MAP: dict[str, RunState] = {
     "CANCELLED": RunState.CANCELLED,
     "TIMEOUT": RunState.TIMEOUT,
     "FAILED": RunState.FAILED,
-    "NODE_FAIL": RunState.FAILED,
+    "NODE_FAIL": RunState.PREEMPTED,  # our jobs are submitted with --requeue: Slurm starts them again
     "OUT_OF_MEMORY": RunState.FAILED,
     "BOOT_FAIL": RunState.FAILED,
     "DEADLINE": RunState.TIMEOUT,
@@ -334,7 +334,12 @@ def reconcile(store: Store, sweep: str) -> str:
                 outcomes.append((attempt.id, RunState.FAILED, reason, {}))
             continue
         state = STATE_MAP.get(info.state, RunState.FAILED)
-        if state in (RunState.PENDING, RunState.RUNNING, RunState.PREEMPTED):
+        if info.state == "NODE_FAIL" and attempt.run_state == RunState.RUNNING:
+            # A node of the job died with the attempt's processes on it: that attempt is over,
+            # and Slurm requeues the job, whose next start resumes from the newest checkpoint.
+            reason = f"Slurm job {attempt.job_id}: {_describe(info)}; Slurm requeues it (log: {attempt.stderr_path})"
+            outcomes.append((attempt.id, RunState.PREEMPTED, reason, {"node": info.node}))
+        elif state in (RunState.PENDING, RunState.RUNNING, RunState.PREEMPTED):
             if attempt.run_state != state:
                 moves.setdefault(state, []).append(attempt.run_id)
         elif attempt.run_state != RunState.COMPLETED:  # the recipe records its own completion; the rest is Slurm's word

@@ -98,7 +98,7 @@ class ModelConfig(Section):
 
 
 SUMK_DIGITS = (1, 12)
-"""The k a sumk prompt may have (recipe.tasks_think.MIN_DIGITS, MAX_DIGITS; a test keeps them equal)."""
+"""The k a sumk prompt may have (recipe.tasks.sumk.MIN_DIGITS, MAX_DIGITS; a test keeps them equal)."""
 SORT6_MAX_NEW_TOKENS = 7
 """sort6's own generation cap (six digits and EOS): the task has no thinking phase."""
 SUMK_ANSWER_TOKENS = 4
@@ -270,12 +270,17 @@ class EngineConfig(Section):
     zero_stage: int = bounded(2, lo=0, hi=3)
     """DeepSpeed's ZeRO stage (engine.trainer=deepspeed): 0 plain data parallel, 1 optimizer
     state, 2 + gradients, 3 + parameters sharded over the trainer ranks."""
+    peer_timeout_s: float = bounded(1800.0, lo=1.0, hi=7 * 86400.0)
+    """Seconds one task of a multi-task run waits for another before it fails the attempt naming
+    whom it waited for: joining the groups, a weight push, trainer rank 0 waiting for rollouts, a
+    generator waiting for its next command. Longer than trainer rank 0's longest silence in a
+    healthy run (its evaluation and checkpoint); docs/multinode.md."""
     kernels: Literal["reference", "fast", "compiled"] = "reference"
     """reference: the trainer's pass is transformers' Llama forward and the update torch's AdamW,
     bit for bit. fast (the torch trainer): each prompt's positions computed once for its group in
     the trainer's pass, and the fused AdamW: the same math, rounded differently (docs/decisions.md).
     compiled: fast, with that pass and the training batches' decode steps through torch.compile
-    (recipe/compiled.py): a compile of ~30 s per process on the built-in models, and once more on
+    (recipe/model/compiled.py): a compile of ~30 s per process on the built-in models, and once more on
     the first batch of a new shape; for long runs. The DeepSpeed trainer computes as reference
     whatever the value."""
 

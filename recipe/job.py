@@ -10,7 +10,7 @@ requeues itself (`scontrol requeue`) and resumes from that checkpoint when it st
 SIGTERM, Slurm (or the user) has already decided what comes next and `sweep status` reads it from
 sacct.
 
-The database may be away for a while: reports are buffered (recipe.storesink) and state changes
+The database may be away for a while: reports are buffered (recipe.telemetry.store_sink) and state changes
 are retried for up to $SWEEP_DB_RETRY_S seconds (default 600).
 """
 
@@ -28,9 +28,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-from recipe import provenance
 from recipe.config import read_run_files
-from recipe.storesink import StoreSink
+from recipe.telemetry import provenance
+from recipe.telemetry.store_sink import StoreSink
 from store import AttemptState, RunState, Store, StoreError
 
 log = logging.getLogger("recipe")
@@ -66,12 +66,14 @@ def main(run_dir: str | Path) -> RunState | str:
 
     In a multi-task job (docs/engines.md, "Process layout") every task calls this; task 0,
     trainer rank 0, is the run and records the attempt; the other tasks play their role
-    (`recipe.roles.run_peer`) and return a line saying which they were.
+    (`recipe.pipeline.peer.run_peer`) and return a line saying which they were.
     """
     _setup_logging()
     run_dir = Path(run_dir).resolve()
     info, cfg = read_run_files(run_dir)
-    from recipe.roles import LeadTeam, layout_of, run_peer, task_env  # torch: only inside the job
+    from recipe.pipeline.env import layout_of, task_env  # torch: only inside the job
+    from recipe.pipeline.lead import LeadTeam
+    from recipe.pipeline.peer import run_peer
 
     env = task_env()
     if env.rank != 0:
@@ -84,13 +86,14 @@ def main(run_dir: str | Path) -> RunState | str:
     record = provenance.collect(
         sweep_file=info.get("sweep_file"), sweep_file_sha256=info.get("sweep_file_sha256"), config=cfg.to_dict()
     )
+    record["hosts"] = [{"task": 0, "role": "trainer", "rank": 0, "host": record["host"], "pid": os.getpid()}]
     retry(lambda: store.update_attempt(attempt.id, provenance=record), "recording the provenance")
     log.info(
         "run %s (sweep %s), attempt %d, pid %d on %s, store %s",
         run_id, info["sweep"], attempt.number, os.getpid(), socket.gethostname(), store.display_url,
     )  # fmt: skip
     sink = StoreSink(store, run_id, run_dir, attempt_id=attempt.id)
-    from recipe.train import train  # torch is imported here, never by the launcher
+    from recipe.loop.train import train  # torch is imported here, never by the launcher
 
     try:
         layout = layout_of(cfg, env)  # the tasks Slurm really started must fit engine.generator_ranks
@@ -98,9 +101,13 @@ def main(run_dir: str | Path) -> RunState | str:
             outcome = train(cfg, run_dir, sink, should_stop=stop, log=log.info)
         else:
             with LeadTeam(cfg, run_dir, env, layout, log.info, should_stop=stop) as team:
+                record["hosts"] = team.hosts
+                retry(lambda: store.update_attempt(attempt.id, provenance=record), "recording the tasks' hosts")
                 outcome = train(cfg, run_dir, sink, should_stop=stop, log=log.info, team=team)
     except Exception as exc:
         reason = f"{type(exc).__name__}: {exc} (log: {attempt.stderr_path or 'the job stderr'})"
+        for task in getattr(exc, "tasks", ()):  # a lost peer (recipe.pipeline.transport.PeerLost): its own log says why
+            reason += f"; task {task}'s log: `sweep logs {run_id} --task {task}`"
         _flush(sink)
         retry(lambda: store.settle_attempt(attempt.id, RunState.FAILED, reason), "recording the failure")
         raise

@@ -4,8 +4,9 @@
 #   bash slurm/dev-services.sh [up]     install what is missing and start it; idempotent
 #   bash slurm/dev-services.sh status   one line per service; exit 0 when all are up, 3 otherwise
 #
-# Services: the one-node Slurm cluster with accounting (slurm/dev-cluster.sh), PostgreSQL on
-# 127.0.0.1:5432 (trust auth for local connections; the store tests create and drop their own
+# Services: the one-node Slurm cluster with accounting (slurm/dev-cluster.sh; the multi-node tests
+# start a cluster of their own beside it), PostgreSQL on 127.0.0.1:5432 and on the dev cluster's
+# head address (trust auth for local connections; the store tests create and drop their own
 # database), and Debian's headless chromium (the HTML report's browser test drives it through
 # Playwright; `playwright install` is never used). Run as root on Debian 12 without systemd.
 
@@ -23,16 +24,43 @@ apt_install() {
         || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"; }
 }
 
-postgres_up() {
-    if pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
-        return
+# Jobs on the multi-node dev cluster's nodes (network namespaces) cannot reach the head's
+# 127.0.0.1: PostgreSQL listens on the head address of the cluster's bridge too, and trusts the
+# bridge's subnet (only the namespaces slurm/dev-cluster.sh creates live there), as a real
+# cluster's database listens on the head node's cluster network.
+HEAD_ADDR="$(bash slurm/dev-cluster.sh address-multi)"
+HEAD_SUBNET="${HEAD_ADDR%.*}.0/24"
+HBA_MARK="# slurm/dev-services.sh: the dev cluster's nodes"
+
+postgres_configure() {
+    local version="$1" hba="/etc/postgresql/$1/main/pg_hba.conf" conf="/etc/postgresql/$1/main/conf.d"
+    local want="listen_addresses = '127.0.0.1,$HEAD_ADDR'" changed=1
+    install -d -m 0755 "$conf"
+    if [ "$(cat "$conf/95-scalesweep-dev-cluster.conf" 2>/dev/null)" != "$want" ]; then
+        echo "$want" >"$conf/95-scalesweep-dev-cluster.conf"
+        changed=0
     fi
+    if ! grep -qF "$HBA_MARK" "$hba"; then
+        printf '%s\nhost all all %s trust\n' "$HBA_MARK" "$HEAD_SUBNET" >>"$hba"
+        changed=0
+    fi
+    return $changed
+}
+
+postgres_up() {
     command -v pg_ctlcluster >/dev/null || apt_install postgresql
     local version
     version="$(ls /etc/postgresql | sort -V | tail -1)"
-    pg_ctlcluster --skip-systemctl-redirect "$version" main start
+    bash slurm/dev-cluster.sh head-network
+    if postgres_configure "$version" || ! pg_isready -q -h "$HEAD_ADDR" -p 5432 2>/dev/null; then
+        if pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+            log "postgresql: restarting to listen on $HEAD_ADDR too"
+            pg_ctlcluster --skip-systemctl-redirect "$version" main restart
+        fi
+    fi
+    pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null || pg_ctlcluster --skip-systemctl-redirect "$version" main start
     for _ in $(seq 30); do
-        pg_isready -q -h 127.0.0.1 -p 5432 && return
+        pg_isready -q -h 127.0.0.1 -p 5432 && pg_isready -q -h "$HEAD_ADDR" -p 5432 && return
         sleep 1
     done
     log "PostgreSQL did not become ready; log: /var/log/postgresql/postgresql-$version-main.log"

@@ -546,6 +546,14 @@ class Store:
             row = s.scalar(select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.number.desc()).limit(1))
             if row is None or row.started_at is not None or row.state not in UNSTARTED_ATTEMPT_STATES:
                 number = (row.number if row else 0) + 1
+                if row is not None and row.state == AttemptState.RUNNING:
+                    # Its job started again without a word from it: the attempt's process was
+                    # killed with its node (NODE_FAIL) or by a requeue before it could say so.
+                    row.state, row.ended_at = AttemptState.PREEMPTED, now
+                    row.exit_reason = (
+                        f"ended without a word (its node failed, or it was killed); job {row.job_id} "
+                        f"started again as attempt {number}"
+                    )
                 carried = (
                     {
                         k: getattr(row, k)

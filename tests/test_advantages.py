@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from recipe.advantages import STD_EPS, group_advantages, overlong_penalty, zero_variance_groups
+from recipe.loop.advantages import STD_EPS, group_advantages, overlong_penalty, zero_variance_groups
 
 REWARDS_PG = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
 CENTRED_PG = torch.tensor([[0.75, -0.25, -0.25, -0.25], [0.25, 0.25, -0.75, 0.25], [0.0, 0.0, 0.0, 0.0]])

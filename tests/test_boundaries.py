@@ -1,6 +1,6 @@
 """The house rules (docs/architecture.md): the control plane never imports torch/vllm/deepspeed,
-only store/ touches SQLAlchemy, data flows one way, and launcher/ (but its thin CLI) knows nothing
-of the analysis stage."""
+only store/ touches SQLAlchemy, data flows one way, launcher/ (but its thin CLI) knows nothing
+of the analysis stage, and recipe/'s rooms use each other in one direction ("Inside recipe/")."""
 
 from __future__ import annotations
 
@@ -13,9 +13,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "vllm", "deepspeed", "transformers")
+LAUNCHER_IMPORTS_FROM_RECIPE = {"recipe.config", "recipe.tasks.math.data", "recipe.telemetry.provenance"}
+"""The part of recipe/ the launcher may import (the job function hands over to the rest inside the job)."""
 CONTROL_PLANE = [
     "launcher.cli", "launcher.local", "launcher.preflight", "analysis.report.build", "analysis.report.render",
-    "store", "analysis", "recipe.config", "recipe.math", "recipe.provenance",
+    "store", "analysis", *sorted(LAUNCHER_IMPORTS_FROM_RECIPE),
+    "recipe.tasks.math.score",  # the math workers' pool; math-verify runs in the worker processes
+    "recipe.pipeline.rendezvous",  # stdlib only: tests and engines take free_port from it
 ]  # fmt: skip
 
 
@@ -77,13 +81,41 @@ def _imported_modules(path: Path) -> list[str]:
 
 
 def test_launcher_uses_only_the_torch_free_part_of_recipe():
-    # the one exception: the job function hands over to the recipe inside the job; recipe.math
-    # (stdlib only; math-verify runs in its worker processes) checks math-jsonl data at launch
-    allowed = {"recipe.config", "recipe.math", "recipe.provenance"}
+    # the one exception: the job function (launcher/job.py) hands over to the recipe inside the job
     for path in _package_files("launcher"):
         for module in _imported_modules(path):
             if module.split(".")[0] == "recipe":
-                assert module in allowed or path.name == "job.py", f"{path.name} imports {module}"
+                assert module in LAUNCHER_IMPORTS_FROM_RECIPE or path.name == "job.py", f"{path.name} imports {module}"
+
+
+ROOMS = ("loop", "pipeline", "model", "tasks", "engines", "telemetry")
+NOT_FROM = {
+    "tasks": {"loop", "pipeline", "engines", "job"},  # what is learned knows nothing of how
+    "model": {"loop", "pipeline", "job"},
+    "telemetry": {"loop", "pipeline", "model", "tasks", "engines", "job"},
+    "loop": {"pipeline", "job"},  # the pipeline drives the loop, never the other way
+    "engines": {"pipeline", "job"},
+}
+"""recipe/'s rooms (docs/architecture.md, "Inside recipe/"): the rooms a room's modules must not import."""
+ALLOWED_ACROSS = {"recipe.pipeline.rendezvous"}
+"""Leaves any room may use (stdlib only)."""
+
+
+def test_recipe_rooms_are_the_tree():
+    rooms = {p.name for p in (ROOT / "recipe").iterdir() if (p / "__init__.py").is_file()}
+    assert rooms == set(ROOMS), rooms
+    flat = sorted(p.name for p in (ROOT / "recipe").glob("*.py"))
+    assert flat == ["__init__.py", "__main__.py", "config.py", "job.py"], flat
+
+
+@pytest.mark.parametrize("room", sorted(NOT_FROM))
+def test_recipe_rooms_import_in_one_direction(room):
+    for path in sorted((ROOT / "recipe" / room).rglob("*.py")):
+        for module in _imported_modules(path):
+            parts = module.split(".")
+            if parts[0] != "recipe" or len(parts) < 2 or module in ALLOWED_ACROSS:
+                continue
+            assert parts[1] not in NOT_FROM[room], f"{path.relative_to(ROOT)} imports {module}"
 
 
 def test_launcher_core_knows_nothing_of_the_analysis_stage():

@@ -17,6 +17,7 @@ from sqlalchemy.engine import make_url
 
 from launcher.cli import cli
 from recipe.config import RecipeConfig
+from recipe.pipeline.rendezvous import free_port
 from store import Store
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -27,7 +28,7 @@ class Relay:
 
     def __init__(self, target_port: int):
         self.target_port = target_port
-        self.port = _free_port()
+        self.port = free_port()
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
         self._listener: socket.socket | None = None
@@ -79,12 +80,6 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
                 pass
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_job_survives_a_database_outage(pg_url, sweep_file, monkeypatch):
     relay = Relay(make_url(pg_url).port or 5432)
     relayed = make_url(pg_url).set(port=relay.port).render_as_string(hide_password=False)
@@ -117,7 +112,7 @@ def test_job_survives_a_database_outage(pg_url, sweep_file, monkeypatch):
         time.sleep(1)
     assert not spool.exists()
     cfg = RecipeConfig.from_dict(run.config)
-    from recipe.train import is_eval_step
+    from recipe.loop.train import is_eval_step
 
     expected = [s for s in range(cfg.budget.steps + 1) if is_eval_step(s, cfg)]
     assert [p.step for p in direct.eval_points(run.id)] == expected

@@ -12,24 +12,27 @@ import copy
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import require_module
 
-if importlib.util.find_spec("deepspeed") is None:
-    pytest.skip("deepspeed is not installed (pip install deepspeed==0.19.8)", allow_module_level=True)
+require_module("deepspeed")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from conftest import random_batch, tiny_model  # noqa: E402
 
-from recipe import checkpoint, train  # noqa: E402
 from recipe.config import NotAvailableError, resolve  # noqa: E402
 from recipe.engines.base import TrainBatch  # noqa: E402
-from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer  # noqa: E402
-from recipe.precision import upcast_lm_head  # noqa: E402
+from recipe.loop import checkpoint  # noqa: E402
+from recipe.loop.checks import check_engine  # noqa: E402
+from recipe.loop.state import build_optimizer, build_trainer  # noqa: E402
+from recipe.loop.train import TrainOutcome, train  # noqa: E402
+from recipe.model.precision import upcast_lm_head  # noqa: E402
+from recipe.pipeline.rendezvous import free_port  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 GROUP_SIZE = 3
@@ -42,35 +45,15 @@ group leaves rank 1 an empty share. The resumed step trains on `RESUMED`."""
 RESUMED = (4, 9)
 
 
-def tiny_model() -> torch.nn.Module:
-    tokenizer = build_tokenizer([f"t{i}" for i in range(10)] + ["<eos>", "<pad>"], eos="<eos>", pad="<pad>")
-    return build_tiny_llama(TinyLlamaShape(num_layers=1, max_positions=16), tokenizer, seed=3)
-
-
-def random_batch(num_groups: int, seed: int) -> TrainBatch:
-    gen = torch.Generator().manual_seed(seed)
-    rows, length = num_groups * GROUP_SIZE, 5
-    lengths = torch.randint(1, length + 1, (rows,), generator=gen)
-    return TrainBatch(
-        prompt_ids_BP=torch.randint(0, 10, (rows, 3), generator=gen),
-        prompt_mask_BP=None,
-        tokens_BT=torch.randint(0, 10, (rows, length), generator=gen),
-        behaviour_logp_BT=-torch.rand(rows, length, generator=gen) * 3,
-        mask_BT=torch.arange(length)[None, :] < lengths[:, None],
-        adv_B=torch.randn(rows, generator=gen),
-        group_size=GROUP_SIZE,
-    )
-
-
 def make_trainer(engine: str, stage: int = 2, bf16: bool = False):
-    """The trainer `recipe.train.build_trainer` builds for `engine` (AdamW from `build_optimizer`);
-    `bf16`: bf16 weights with the FP32 LM head (what `recipe.model.load_policy` makes on GPU), and
+    """The trainer `recipe.loop.state.build_trainer` builds for `engine` (AdamW from `build_optimizer`);
+    `bf16`: bf16 weights with the FP32 LM head (what `recipe.model.policy.load_policy` makes on GPU), and
     one fp32 parameter besides (the final norm's), so that the model holds two dtypes."""
     cfg = resolve(CFG | {"engine.trainer": engine, "engine.zero_stage": stage})
     model = tiny_model()
     if bf16:
         upcast_lm_head(model.to(torch.bfloat16)).model.norm.float()
-    return train.build_trainer(cfg, model, train.build_optimizer(cfg, model))
+    return build_trainer(cfg, model, build_optimizer(cfg, model))
 
 
 def trajectory(engine: str, stage: int = 2, bf16: bool = False) -> dict:
@@ -136,12 +119,6 @@ def _without_bf16(tree):
     if isinstance(tree, list):
         return [_without_bf16(v) for v in tree]
     return tree
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +231,7 @@ def test_fast_kernels_leave_the_deepspeed_trainer_as_it_is(monkeypatch):
     """engine.kernels fast and compiled are the torch trainer's: the DeepSpeed trainer shares no
     prompt, compiles nothing and keeps its unfused AdamW, so the step is the reference step, bit
     for bit, not a partial mix."""
-    from recipe import lean
+    from recipe.model import lean
 
     calls = []
     shared = lean.LeanLlama.shared_prefix_logits
@@ -266,7 +243,7 @@ def test_fast_kernels_leave_the_deepspeed_trainer_as_it_is(monkeypatch):
     for kernels in ("reference", "fast", "compiled"):
         cfg = resolve(CFG | {"engine.trainer": "deepspeed", "engine.zero_stage": 0, "engine.kernels": kernels})
         model = tiny_model()
-        trainer = train.build_trainer(cfg, model, train.build_optimizer(cfg, model))
+        trainer = build_trainer(cfg, model, build_optimizer(cfg, model))
         assert not trainer.optimizer.defaults["fused"]
         trainer.step(batch, lr=LR)
         weights[kernels] = {k: v.clone() for k, v in trainer.named_weights()}
@@ -277,32 +254,32 @@ def test_fast_kernels_leave_the_deepspeed_trainer_as_it_is(monkeypatch):
 
 
 def test_a_one_task_run_trains_and_leaves_no_process_group(tmp_path_factory, tmp_path):
-    """`train.train` in this process: the trainer's own one-rank group is gone when it returns."""
+    """`train` in this process: the trainer's own one-rank group is gone when it returns."""
     from conftest import small_recipe
 
-    from recipe import builtin
-    from recipe.sink import MemorySink
+    from recipe.tasks import builtin
+    from recipe.telemetry.sinks import MemorySink
 
     base = builtin.WarmupRecipe(num_steps=100, lr=1e-3, label_smoothing=0.0)
     model_dir = builtin.builtin_model_dir("sort6-test", base, tmp_path_factory.mktemp("cache"), lambda _: None)
     sink = MemorySink()
     cfg = small_recipe(model_dir, **{"engine.trainer": "deepspeed", "budget.steps": 2})
-    outcome = train.train(cfg, tmp_path, sink, log=lambda _: None)
-    assert outcome == train.TrainOutcome(final_step=2, state="completed", resumed_from_step=None)
+    outcome = train(cfg, tmp_path, sink, log=lambda _: None)
+    assert outcome == TrainOutcome(final_step=2, state="completed", resumed_from_step=None)
     assert sorted(sink.eval_points) == [0, 1, 2] and sorted(sink.checkpoints) == [2]
     assert not dist.is_initialized() and "LOCAL_RANK" not in os.environ
 
 
 def test_zero_stage_3_and_a_missing_package_are_refused_before_any_work(monkeypatch):
     with pytest.raises(NotAvailableError, match="engine.zero_stage=3.*set engine.zero_stage to 0, 1 or 2"):
-        train.check_engine(resolve({"engine.trainer": "deepspeed", "engine.zero_stage": 3}))
-    train.check_engine(resolve({"engine.trainer": "deepspeed", "engine.zero_stage": 2}))
+        check_engine(resolve({"engine.trainer": "deepspeed", "engine.zero_stage": 3}))
+    check_engine(resolve({"engine.trainer": "deepspeed", "engine.zero_stage": 2}))
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real_find_spec(name, *a)
     )
     with pytest.raises(NotAvailableError, match="engine.trainer='deepspeed'.*cannot import"):
-        train.check_engine(resolve({"engine.trainer": "deepspeed"}))
+        check_engine(resolve({"engine.trainer": "deepspeed"}))
 
 
 # ---------------------------------------------------------------------------------------------

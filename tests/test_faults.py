@@ -208,12 +208,22 @@ def test_a_port_that_never_answers_fails_within_the_connect_timeout():
     assert "timeout" in line and f"127.0.0.1:{port}" in line and SECRET not in proc.stdout + proc.stderr
 
 
-def test_the_connect_timeout_default_is_set_on_postgres_engines(pg_url):
-    store = Store(pg_url)
-    assert store._engine.dialect.create_connect_args(store._engine.url) is not None
-    with store._engine.connect() as conn:
-        assert conn.connection.dbapi_connection.info.get_parameters().get("connect_timeout") == "10"
-    store.close()
+def test_the_connect_timeout_default_is_set_on_postgres_engines(pg_url, monkeypatch):
+    """10 s unless the URL names its own `connect_timeout` or SWEEP_DB_CONNECT_TIMEOUT_S sets another."""
+    monkeypatch.delenv("SWEEP_DB_CONNECT_TIMEOUT_S", raising=False)
+
+    def connect_timeout(url):
+        store = Store(url)
+        try:
+            with store._engine.connect() as conn:  # as the server connection was really made
+                return conn.connection.dbapi_connection.info.get_parameters().get("connect_timeout")
+        finally:
+            store.close()
+
+    assert connect_timeout(pg_url) == "10"
+    assert connect_timeout(pg_url + "?connect_timeout=3") == "3"
+    monkeypatch.setenv("SWEEP_DB_CONNECT_TIMEOUT_S", "4")
+    assert connect_timeout(pg_url) == "4"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -447,7 +457,7 @@ def test_max_parallel_one_holds_after_the_scheduler_is_sigkilled(sweep_file, sql
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from recipe import builtin
+    from recipe.tasks import builtin
 
     base = builtin.WarmupRecipe(num_steps=100, lr=1e-3, label_smoothing=0.0)
     return builtin.builtin_model_dir("sort6-test", base, tmp_path_factory.mktemp("cache"), lambda _: None)
@@ -457,16 +467,17 @@ def tiny_model_dir(tmp_path_factory):
 def test_training_resumes_from_an_older_checkpoint_when_the_newest_does_not_fit(tiny_model_dir, tmp_path):
     import torch
 
-    from recipe import checkpoint, train
     from recipe.config import resolve
-    from recipe.sink import MemorySink
+    from recipe.loop import checkpoint
+    from recipe.loop.train import train
+    from recipe.telemetry.sinks import MemorySink
 
     flat = {
         "model.path": str(tiny_model_dir), "data.num_train_prompts": 200, "data.num_valid_prompts": 16,
         "batch.prompts": 4, "batch.generations": 4, "eval.every": 4, "eval.samples": 2,
         "checkpoint.every": 3, "checkpoint.keep": 3, "budget.steps": 8,
     }  # fmt: skip
-    train.train(resolve(flat), tmp_path, MemorySink(), log=lambda _: None)
+    train(resolve(flat), tmp_path, MemorySink(), log=lambda _: None)
     newest = checkpoint.checkpoint_path(tmp_path, 8)
     saved = torch.load(newest, weights_only=True)
     name = next(iter(saved["model"]))
@@ -475,7 +486,7 @@ def test_training_resumes_from_an_older_checkpoint_when_the_newest_does_not_fit(
 
     logs: list[str] = []
     sink = MemorySink()
-    outcome = train.train(resolve(flat | {"budget.steps": 10}), tmp_path, sink, log=logs.append)
+    outcome = train(resolve(flat | {"budget.steps": 10}), tmp_path, sink, log=logs.append)
     assert outcome.resumed_from_step == 6 and outcome.final_step == 10
     assert any("skipping checkpoint" in m and "step_00000008.pt" in m and name in m for m in logs), logs
     assert newest.with_name("step_00000008.pt.corrupt").exists()

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recipe.lag import Admission, Span, admission_limit, lag_metrics, split_stale
+from recipe.loop.lag import Admission, Span, admission_limit, lag_metrics, split_stale
 
 
 @dataclass
 class Pipeline:
-    """A model of one run: generators, a trainer rank 0 and the rules of recipe.lag."""
+    """A model of one run: generators, a trainer rank 0 and the rules of recipe.loop.lag."""
 
     max_lag: int
     groups_per_step: int

@@ -6,7 +6,6 @@ GPU in the job's checks (torch.cuda reports devices): they end in `_fake_gpu`.""
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -82,10 +81,10 @@ def job_refusal(flat: dict, target: Target, monkeypatch) -> str | None:
     its budget, and length control on its task and tokenizer."""
     import torch
 
-    from recipe import train
-    from recipe.model import build_tokenizer
-    from recipe.tasks import load_task
-    from recipe import tasks_think
+    from recipe.loop import checks as train
+    from recipe.model.policy import build_tokenizer
+    from recipe.tasks import sumk as tasks_think
+    from recipe.tasks.task import load_task
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: target.has_gpus)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: target.gpus_per_node)
@@ -188,8 +187,9 @@ def test_budget_gpu_hours_stops_a_job_that_holds_gpus_fake_gpu(tmp_path, monkeyp
     without GPUs refuses the budget (the launch refused it first, above)."""
     from conftest import small_recipe
 
-    from recipe import builtin, train
-    from recipe.sink import MemorySink
+    from recipe.loop import state, train
+    from recipe.tasks import builtin
+    from recipe.telemetry.sinks import MemorySink
 
     model_dir = builtin.builtin_model_dir(
         "sort6-gpu-hours", builtin.WarmupRecipe(num_steps=5, lr=1e-3, label_smoothing=0.0), tmp_path / "cache",
@@ -198,7 +198,8 @@ def test_budget_gpu_hours_stops_a_job_that_holds_gpus_fake_gpu(tmp_path, monkeyp
     cfg = small_recipe(model_dir, **{"budget.steps": None, "budget.gpu_hours": 1e-6, "eval.every": 1})
     with pytest.raises(ConfigError, match="budget.gpu_hours: this job holds no GPU"):
         train.train(cfg, tmp_path / "cpu", MemorySink(), log=lambda _: None)
-    monkeypatch.setattr(train, "job_gpus", lambda team: 4)  # four GPUs held (the fake)
+    for module in (state, train):  # four GPUs held (the fake)
+        monkeypatch.setattr(module, "job_gpus", lambda team: 4)
     sink = MemorySink()
     outcome = train.train(cfg, tmp_path / "gpu", sink, log=lambda _: None)
     assert outcome.state == "completed" and outcome.final_step >= 1

@@ -1,7 +1,19 @@
-"""The lean Llama forward (recipe.lean) against transformers' own: bit for bit (torch.equal).
+"""The lean Llama forward (recipe.model.lean) against transformers' own.
 
 Every comparison runs the same thing twice, once with `SWEEP_LEAN=0` (transformers) and once with
 the lean path, from the same weights and the same generator seed.
+
+What is bit for bit (`torch.equal`) and what is not: where both sides run the same operations on
+tensors of the same shapes in the same order (the trainer's forward and backward, sampling without
+a shared prefill), the results are equal on any one machine, whatever its CPU. Where the lean side
+computes a group's prompt once and transformers computes every row of the batch (sampling's shared
+prefill, and so whole training steps), the matmuls have other row counts, and the CPU's kernels
+(MKL, oneDNN, ATen's vectorised loops) choose their blocking, and so the order of each dot
+product's sum, by row count and instruction set: equal on some CPUs, a few ulps apart on others
+(Intel Xeons). Those comparisons assert `assert_within_ulps`, whose budget is derived there.
+
+The module is marked `isa`: tests/test_isas.py runs it again under `ATEN_CPU_CAPABILITY=avx2` and
+`default`, so that other kernels' choices are exercised whatever CPU runs the suite.
 """
 
 import contextlib
@@ -10,16 +22,23 @@ import dataclasses
 import pytest
 import torch
 
-from recipe import compiled, lean, tasks, tasks_think, train
-from recipe.builtin import SUMK_SMALL_SHAPE
 from recipe.config import resolve
-from recipe.lean import LeanCache, lean_llama
-from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
-from recipe.precision import upcast_lm_head
-from recipe.sampler import Decoding, InterruptRule, sample
-from recipe.tasks import load_task
+from recipe.loop.checks import generation_cap, interrupt_rule
+from recipe.loop.evaluate import evaluate
+from recipe.loop.rollout import LocalRollouts
+from recipe.loop.state import initial_state
+from recipe.loop.train import train_step
+from recipe.model import compiled, lean
+from recipe.model.lean import LeanCache, lean_llama
+from recipe.model.packing import RowGroups
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
+from recipe.model.precision import upcast_lm_head
+from recipe.model.sampler import Decoding, InterruptRule, Sampling, sample
+from recipe.tasks import sort6, sumk
+from recipe.tasks.builtin import SUMK_SMALL_SHAPE
+from recipe.tasks.task import load_task
 
-pytestmark = pytest.mark.usefixtures("torch_one_thread")
+pytestmark = [pytest.mark.usefixtures("torch_one_thread"), pytest.mark.isa]
 
 SHAPES = {"1-head": TinyLlamaShape(), "2-heads": SUMK_SMALL_SHAPE}
 PRECISIONS = {
@@ -50,12 +69,40 @@ def policy(vocabulary, eos, pad, shape, precision, seed=0):
 
 
 def sort6_policy(shape="1-head", precision="fp32", seed=0):
-    return policy(tasks.VOCABULARY, tasks.EOS, tasks.PAD, SHAPES[shape], precision, seed)
+    return policy(sort6.VOCABULARY, sort6.EOS, sort6.PAD, SHAPES[shape], precision, seed)
 
 
-def assert_same_completions(a, b):
+# A budget of ulps (the dtype's eps times the largest magnitude of the reference tensor) for the
+# same function computed with dot products summed in another order. Derived from measurements on the
+# shapes used here: the lean prefill's logits, keys and values in fp32 are within 12.4 ulps of the
+# same forward in float64 (the 2-heads shape; 1.3-4 for the others), and in bf16 within 2.1 bf16
+# ulps of the bf16-weighted forward in float64. Any two summation orders are each that close to the
+# exact result, so within twice that of each other: 25 fp32 ulps and 4.2 bf16 ulps. The budgets
+# leave a margin of 2-2.5x for other weights and prompts; a real error (a row given another row's
+# prompt, a wrong position) is off by a sizeable fraction of the magnitude, thousands of fp32 ulps.
+ULPS = {torch.float32: 64, torch.bfloat16: 8}
+
+
+def assert_within_ulps(got, want, dtype=None):
+    """`got` is `want` computed in another summation order: within `ULPS` of want's magnitude, in
+    ulps of `dtype`, the precision the values were computed in (default: want's own)."""
+    dtype = dtype or want.dtype
+    assert got.shape == want.shape and got.dtype == want.dtype
+    ulp = torch.finfo(dtype).eps * float(want.abs().max())
+    worst = float((got.double() - want.double()).abs().max())
+    assert worst <= ULPS[dtype] * ulp, f"{worst / ulp:.1f} ulps of {dtype} apart; {ULPS[dtype]} allowed"
+
+
+def assert_same_completions(a, b, *, exact=True, dtype=None):
+    """The same sampled completions; with `exact`, the same log-probs bit for bit, otherwise up to
+    `assert_within_ulps` of the model's `dtype`. (Tokens are compared exactly either way: a few ulps
+    change a draw only where the uniform number falls within them of a boundary, about one draw in
+    a million, and the seeds here are fixed.)"""
     assert torch.equal(a.tokens_BT, b.tokens_BT)
-    assert torch.equal(a.logp_BT, b.logp_BT)
+    if exact:
+        assert torch.equal(a.logp_BT, b.logp_BT)
+    else:
+        assert_within_ulps(b.logp_BT, a.logp_BT, dtype)
     assert torch.equal(a.mask_BT, b.mask_BT)
     assert torch.equal(a.finished_B, b.finished_B)
     assert (a.forced_BT is None) == (b.forced_BT is None)
@@ -67,7 +114,7 @@ def sample_both(monkeypatch, model, tokenizer, prompt_ids, *, seed=0, **kwargs):
     def once():
         generator = torch.Generator().manual_seed(seed)
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-        return sample(model, prompt_ids, eos_id=eos, pad_id=pad, generator=generator, **kwargs)
+        return sample(model, prompt_ids, Sampling(eos_id=eos, pad_id=pad, generator=generator, **kwargs))
 
     with lean_off(monkeypatch):
         assert lean_llama(model) is None
@@ -82,51 +129,56 @@ def sample_both(monkeypatch, model, tokenizer, prompt_ids, *, seed=0, **kwargs):
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_sort6_sampling_is_transformers_bit_for_bit(monkeypatch, shape, precision):
+def test_sort6_sampling_is_transformers(monkeypatch, shape, precision):
+    """Bit for bit with distinct prompts; groups of repeated prompts share their prefill on the
+    lean side (other row counts in its matmuls): up to rounding."""
     model, tokenizer = sort6_policy(shape, precision)
-    _, prompts = tasks.sort6_prompt_sets(1, 64)
-    prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids.repeat_interleave(2, dim=0)
-    want, got = sample_both(monkeypatch, model, tokenizer, prompt_ids, max_new_tokens=7)
-    assert 1 < len(set(got.lengths_B.tolist())), "completions of different lengths: EOS and padding are exercised"
-    assert_same_completions(want, got)
-    greedy_want, greedy_got = sample_both(monkeypatch, model, tokenizer, prompt_ids, max_new_tokens=7, greedy=True)
-    assert_same_completions(greedy_want, greedy_got)
+    _, prompts = sort6.sort6_prompt_sets(1, 64)
+    distinct = tokenizer(prompts, return_tensors="pt").input_ids
+    dtype = PRECISIONS[precision][0]
+    for prompt_ids, exact in ((distinct, True), (distinct.repeat_interleave(2, dim=0), False)):
+        assert (RowGroups.of(prompt_ids) is None) == exact
+        want, got = sample_both(monkeypatch, model, tokenizer, prompt_ids, max_new_tokens=7)
+        assert 1 < len(set(got.lengths_B.tolist())), "completions of different lengths: EOS and padding are exercised"
+        assert_same_completions(want, got, exact=exact, dtype=dtype)
+        greedy = sample_both(monkeypatch, model, tokenizer, prompt_ids, max_new_tokens=7, greedy=True)
+        assert_same_completions(*greedy, exact=exact, dtype=dtype)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_sumk_sampling_with_the_interrupt_is_transformers_bit_for_bit(monkeypatch, shape, precision):
-    model, tokenizer = policy(tasks_think.VOCABULARY, tasks_think.EOS, tasks_think.PAD, SHAPES[shape], precision, 1)
-    close_id = tokenizer.convert_tokens_to_ids(tasks_think.THINK_CLOSE)
-    prompt_ids = tokenizer(tasks_think.prompt_sets(1, 48)[1], return_tensors="pt").input_ids
+def test_sumk_sampling_with_the_interrupt_is_transformers(monkeypatch, shape, precision):
+    model, tokenizer = policy(sumk.VOCABULARY, sumk.EOS, sumk.PAD, SHAPES[shape], precision, 1)
+    close_id = tokenizer.convert_tokens_to_ids(sumk.THINK_CLOSE)
+    prompt_ids = tokenizer(sumk.prompt_sets(1, 48)[1], return_tensors="pt").input_ids
     rule = InterruptRule(close_id, (5, 6, close_id), low=1, high=6)
     interrupt = rule.draw(prompt_ids.shape[0], torch.Generator().manual_seed(3))
     want, got = sample_both(monkeypatch, model, tokenizer, prompt_ids, max_new_tokens=14, interrupt=interrupt)
     assert got.interrupted_B.any(), "the interrupt should fire"
-    assert_same_completions(want, got)
+    exact = RowGroups.of(prompt_ids) is None  # sumk's prompts may repeat: then they share a prefill
+    assert_same_completions(want, got, exact=exact, dtype=PRECISIONS[precision][0])
 
 
 def test_left_padded_prompts_take_transformers(monkeypatch):
     model, tokenizer = sort6_policy()
-    _, prompts = tasks.sort6_prompt_sets(1, 8)
+    _, prompts = sort6.sort6_prompt_sets(1, 8)
     prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids
     mask = torch.ones_like(prompt_ids, dtype=torch.bool)
     mask[::2, :2] = False
     calls = []
     monkeypatch.setattr(lean.LeanLlama, "extend", lambda *a, **k: calls.append(1))
-    out = sample(model, prompt_ids, max_new_tokens=5, eos_id=0, pad_id=1, prompt_mask_BP=mask,
-                 generator=torch.Generator().manual_seed(0))  # fmt: skip
+    out = sample(model, prompt_ids, Sampling(max_new_tokens=5, eos_id=0, pad_id=1, prompt_mask_BP=mask, generator=torch.Generator().manual_seed(0)))  # fmt: skip
     assert not calls and out.tokens_BT.shape[0] == 8
 
 
 def test_a_decoding_that_loses_the_lean_path_carries_on_in_transformers(monkeypatch):
     model, tokenizer = sort6_policy()
-    _, prompts = tasks.sort6_prompt_sets(1, 16)
+    _, prompts = sort6.sort6_prompt_sets(1, 16)
     prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids
+    assert RowGroups.of(prompt_ids) is None  # distinct prompts, no shared prefill: bit for bit
 
     def decode(hook_at):
-        decoding = Decoding(prompt_ids, max_new_tokens=7, eos_id=tokenizer.eos_token_id,
-                            pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0))  # fmt: skip
+        decoding = Decoding(prompt_ids, Sampling(max_new_tokens=7, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0)))  # fmt: skip
         handle = None
         while not decoding.done:
             if decoding.num_tokens == hook_at:
@@ -182,30 +234,32 @@ def count_shared_prefix_calls(monkeypatch):
 
 def groups_of(sizes):
     """Prompt rows in runs of the given sizes (consecutive runs differ)."""
-    _, prompts = tasks.sort6_prompt_sets(1, len(sizes))
-    tokenizer = build_tokenizer(tasks.VOCABULARY, eos=tasks.EOS, pad=tasks.PAD)
+    _, prompts = sort6.sort6_prompt_sets(1, len(sizes))
+    tokenizer = build_tokenizer(sort6.VOCABULARY, eos=sort6.EOS, pad=sort6.PAD)
     ids = tokenizer(prompts, return_tensors="pt").input_ids
     return ids.repeat_interleave(torch.tensor(sizes), dim=0)
 
 
 def test_row_groups_find_runs_of_equal_rows():
-    uniform = lean.RowGroups.of(groups_of([4, 4, 4]))
+    uniform = RowGroups.of(groups_of([4, 4, 4]))
     assert uniform.size == 4 and uniform.first_U.tolist() == [0, 4, 8]
     assert uniform.rows_B.tolist() == [0] * 4 + [1] * 4 + [2] * 4
-    mixed = lean.RowGroups.of(groups_of([3, 1, 2]))
+    mixed = RowGroups.of(groups_of([3, 1, 2]))
     assert mixed.size is None and mixed.first_U.tolist() == [0, 3, 4]
     assert mixed.rows_B.tolist() == [0, 0, 0, 1, 2, 2]
     values = torch.arange(6.0).view(3, 2)
     assert torch.equal(mixed.spread(values), values[[0, 0, 0, 1, 2, 2]])
     assert torch.equal(uniform.spread(values), values.repeat_interleave(4, dim=0))
-    assert lean.RowGroups.of(groups_of([1, 1, 1])) is None  # nothing repeats: nothing to share
-    assert lean.RowGroups.of(groups_of([1])) is None
+    assert RowGroups.of(groups_of([1, 1, 1])) is None  # nothing repeats: nothing to share
+    assert RowGroups.of(groups_of([1])) is None
 
 
 @pytest.mark.parametrize("sizes", [[4, 4, 4, 4], [3, 1, 5, 2]], ids=["uniform", "mixed"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_a_shared_prefill_is_the_whole_prefill_bit_for_bit(shape, precision, sizes):
+def test_a_shared_prefill_is_the_whole_prefill_up_to_rounding(shape, precision, sizes):
+    """Each group's prompt computed once: the whole batch's logits and cache, up to the order of
+    the kernels' sums (they block by row count: bit for bit on some CPUs, not on others)."""
     model, _ = sort6_policy(shape, precision)
     ids = groups_of(sizes)
     forward = lean_llama(model)
@@ -213,12 +267,13 @@ def test_a_shared_prefill_is_the_whole_prefill_bit_for_bit(shape, precision, siz
         whole = forward.new_cache()
         want = forward.extend(whole, ids, 1)
         shared = forward.new_cache(capacity=ids.shape[1] + 3)
-        got = forward.prefill_shared(shared, ids, lean.RowGroups.of(ids))
-    assert torch.equal(got, want)
+        got = forward.prefill_shared(shared, ids, RowGroups.of(ids))
+    assert_within_ulps(got, want)
     assert shared.length == whole.length == ids.shape[1]
     for index in range(len(forward.layers)):
-        assert torch.equal(shared.keys[index][:, :, : shared.length], whole.keys[index])
-        assert torch.equal(shared.values[index][:, :, : shared.length], whole.values[index])
+        assert_within_ulps(shared.keys[index][:, :, : shared.length], whole.keys[index])
+        assert_within_ulps(shared.values[index][:, :, : shared.length], whole.values[index])
+    assert not torch.equal(got[:1].expand_as(got), got), "rows of different prompts differ"
 
 
 def test_the_sampling_cache_refuses_a_position_beyond_its_capacity():
@@ -237,8 +292,7 @@ def test_sampled_tensors_are_ordinary_and_can_be_trained_on():
     """Sampling runs in inference mode; what it returns must still work with autograd."""
     model, tokenizer = sort6_policy()
     ids = groups_of([4, 4])
-    out = sample(model, ids, max_new_tokens=7, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-                 generator=torch.Generator().manual_seed(0))  # fmt: skip
+    out = sample(model, ids, Sampling(max_new_tokens=7, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0)))  # fmt: skip
     for tensor in (out.tokens_BT, out.logp_BT, out.mask_BT, out.finished_B):
         assert not tensor.is_inference()
     logp = completion_logprobs(model, ids, out.tokens_BT, shared_prefix=True)
@@ -252,7 +306,7 @@ def test_sampled_tensors_are_ordinary_and_can_be_trained_on():
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_completion_logprobs_and_gradients_are_transformers_bit_for_bit(monkeypatch, shape, precision):
+def test_completion_logprobs_and_gradients_are_transformers_bit_for_bit_on_one_machine(monkeypatch, shape, precision):
     model, tokenizer = sort6_policy(shape, precision)
     ids = torch.randint(0, len(tokenizer), (32, 15), generator=torch.Generator().manual_seed(0))
     weights = torch.randn(32, 7, generator=torch.Generator().manual_seed(1))
@@ -304,8 +358,9 @@ def test_the_lean_path_reads_weights_loaded_after_it_was_built(monkeypatch):
     model, tokenizer = sort6_policy()
     other, _ = sort6_policy(seed=5)
     ids = torch.randint(0, len(tokenizer), (8, 15), generator=torch.Generator().manual_seed(0))
-    _, prompts = tasks.sort6_prompt_sets(1, 32)
+    _, prompts = sort6.sort6_prompt_sets(1, 32)
     prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids
+    assert RowGroups.of(prompt_ids) is None  # distinct prompts, no shared prefill: bit for bit
     with torch.no_grad():
         completion_logprobs(model, ids[:, :8], ids[:, 8:])  # builds the lean forward on the old weights
     model.load_state_dict(other.state_dict())  # a checkpoint resume / TorchTrainer.load_state_dict
@@ -341,8 +396,8 @@ def model_dirs(tmp_path_factory):
     """Random tiny Llamas saved as Hugging Face directories (no warm-up: only bit-identity matters)."""
     dirs = {}
     for name, (vocabulary, eos, pad, shape) in {
-        "sort6": (tasks.VOCABULARY, tasks.EOS, tasks.PAD, TinyLlamaShape()),
-        "sumk": (tasks_think.VOCABULARY, tasks_think.EOS, tasks_think.PAD, SUMK_SMALL_SHAPE),
+        "sort6": (sort6.VOCABULARY, sort6.EOS, sort6.PAD, TinyLlamaShape()),
+        "sumk": (sumk.VOCABULARY, sumk.EOS, sumk.PAD, SUMK_SMALL_SHAPE),
     }.items():
         tokenizer = build_tokenizer(vocabulary, eos=eos, pad=pad)
         model = build_tiny_llama(shape, tokenizer, seed=0)
@@ -380,11 +435,11 @@ def step_config(model_dirs, task, overrides):
 
 def run_steps(cfg, num_steps):
     task = load_task(cfg.data)
-    state = train.initial_state(cfg, task, train.generation_cap(cfg, task, lambda _: None), lambda _: None)
+    state = initial_state(cfg, task, generation_cap(cfg, task, lambda _: None), lambda _: None)
     state.task = dataclasses.replace(task, batch_reward=varied_reward)
-    state.interrupt = train.interrupt_rule(cfg, task, state.tokenizer, state.max_new_tokens, lambda _: None)
-    source = train.LocalRollouts()
-    metrics = [train.train_step(state, source) for _ in range(num_steps)]
+    state.interrupt = interrupt_rule(cfg, task, state.tokenizer, state.max_new_tokens, lambda _: None)
+    source = LocalRollouts()
+    metrics = [train_step(state, source) for _ in range(num_steps)]
     return state, metrics
 
 
@@ -397,24 +452,24 @@ def run_steps(cfg, num_steps):
         ("sumk", {"length.interrupt_min": 2, "length.interrupt_max": 5, "precision.lm_head_fp32": False}),
     ],
 )
-def test_training_steps_are_transformers_bit_for_bit(monkeypatch, model_dirs, task, overrides):
+def test_training_steps_are_transformers_up_to_rounding(monkeypatch, model_dirs, task, overrides):
+    """engine.kernels=reference against transformers: the trainer's pass is bit for bit (above),
+    but sampling shares each group's prefill, whose log-probs may differ from the whole batch's in
+    the last bits (see the module's docstring), and through the importance ratio so may the loss,
+    the gradient and, after AdamW divides by sqrt(v), the update. The same batches, the same
+    metrics up to rounding, the same weights up to `assert_same_steps_up_to_rounding`."""
     cfg = step_config(model_dirs, task, overrides)
     with lean_off(monkeypatch):
         want_state, want_metrics = run_steps(cfg, 4)
     got_state, got_metrics = run_steps(cfg, 4)
     assert lean_llama(got_state.model) is not None
-    assert all(m["grad_norm"] > 0 for m in got_metrics), "every step should have had a gradient"
     for want, got in zip(want_metrics, got_metrics, strict=True):
-        assert {k: v for k, v in want.items() if k != "step_seconds"} == {
-            k: v for k, v in got.items() if k != "step_seconds"
-        }
-    want_weights, got_weights = want_state.model.state_dict(), got_state.model.state_dict()
-    assert all(torch.equal(want_weights[k], got_weights[k]) for k in want_weights)
-    want_opt, got_opt = want_state.trainer.optimizer.state_dict(), got_state.trainer.optimizer.state_dict()
-    assert want_opt["param_groups"] == got_opt["param_groups"]
-    for key, state in want_opt["state"].items():
-        assert all(torch.equal(state[name], got_opt["state"][key][name]) for name in state)
-    initial = train.initial_state(cfg, load_task(cfg.data), 7, lambda _: None).model.state_dict()
+        assert want.keys() == got.keys()
+        for key in want.keys() - {"step_seconds"}:
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+    assert_same_steps_up_to_rounding(want_state, want_metrics, got_state, got_metrics)
+    initial = initial_state(cfg, load_task(cfg.data), 7, lambda _: None).model.state_dict()
+    got_weights = got_state.model.state_dict()
     assert not all(torch.equal(got_weights[k], initial[k]) for k in got_weights), "the steps should have trained"
 
 
@@ -444,7 +499,7 @@ def assert_same_steps_up_to_rounding(want_state, want, got_state, got):
 
 
 def count_compiled_calls(monkeypatch):
-    """Per function of `recipe.compiled`, how many times its compiled form was called."""
+    """Per function of `recipe.model.compiled`, how many times its compiled form was called."""
     calls = {"compiled_packed_pass": 0, "compiled_decode_step": 0}
 
     def counting(name, real):
@@ -518,7 +573,7 @@ def test_compiled_kernels_take_the_fast_step_up_to_rounding(monkeypatch, model_d
     assert calls["compiled_packed_pass"] == 2 and calls["compiled_decode_step"] == 2 * 6
     assert got_state.trainer.optimizer.defaults["fused"]
     assert_same_steps_up_to_rounding(want_state, want, got_state, got)
-    evaluated = train.evaluate(got_state)
+    evaluated = evaluate(got_state)
     assert calls["compiled_decode_step"] == 2 * 6 and evaluated["num_samples"] > 0
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from recipe.config import LossConfig
-from recipe.losses import (
+from recipe.loop.losses import (
     BatchCounts,
     aggregate,
     batch_counts,

@@ -1,4 +1,4 @@
-"""recipe.math: the math-jsonl answer checker, on real math-verify in real worker processes."""
+"""recipe.tasks.math.score: the math-jsonl answer checker, on real math-verify in real worker processes."""
 
 from __future__ import annotations
 
@@ -9,14 +9,10 @@ import time
 
 import pytest
 
-from recipe import math as rmath
-from recipe.math import extract_answer, gold_parse_errors, last_boxed, score_math, score_math_batch
+from recipe.tasks.math import score as rmath
+from recipe.tasks.math.score import extract_answer, gold_parse_errors, last_boxed, score_math, score_math_batch
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _pool():
-    yield
-    rmath.shutdown()
+pytestmark = pytest.mark.usefixtures("math_pool")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,22 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from recipe import math as rmath
 from recipe.config import ConfigError, resolve
-from recipe.math import MathDataError, check_math_data, read_math_jsonl
-from recipe.math_sample import SAMPLE_PATH, sample_jsonl
-from recipe.tasks import load_task, render_chat_prompt
+from recipe.tasks.math import score as rmath
+from recipe.tasks.math.data import MathDataError, check_math_data, read_math_jsonl
+from recipe.tasks.math.sample import SAMPLE_PATH, sample_jsonl
+from recipe.tasks.task import load_task, render_chat_prompt
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _pool():
-    yield
-    rmath.shutdown()
+pytestmark = pytest.mark.usefixtures("math_pool")
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
-    from recipe.math_tiny import build_math_tiny
+    from math_tiny import build_math_tiny
 
     return build_math_tiny(tmp_path_factory.mktemp("math-tiny"))
 
@@ -206,11 +202,11 @@ def small_math_config(model_dir: Path, **overrides):
 
 @pytest.mark.usefixtures("torch_one_thread")
 def test_a_tiny_model_trains_on_the_sample_and_writes_eval_points(tiny_dir, tmp_path):
-    from recipe import train
-    from recipe.sink import MemorySink
+    from recipe.loop.train import train
+    from recipe.telemetry.sinks import MemorySink
 
     sink = MemorySink()
-    outcome = train.train(small_math_config(tiny_dir), tmp_path / "run", sink, log=lambda _: None)
+    outcome = train(small_math_config(tiny_dir), tmp_path / "run", sink, log=lambda _: None)
     assert (outcome.state, outcome.final_step) == ("completed", 3)
     points = [sink.eval_points[step] for step in sorted(sink.eval_points)]
     assert [p["step"] for p in points] == [0, 1, 2, 3]

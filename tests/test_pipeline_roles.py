@@ -12,16 +12,9 @@ import pytest
 import torch.multiprocessing as mp
 from conftest import small_recipe
 
-from recipe import builtin
-from recipe.sink import MemorySink
+from recipe.telemetry.sinks import MemorySink
 
 pytestmark = pytest.mark.slow
-TEST_BASE = builtin.WarmupRecipe(num_steps=100, lr=1e-3, label_smoothing=0.0)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return builtin.builtin_model_dir("sort6-test", TEST_BASE, tmp_path_factory.mktemp("cache"), lambda _: None)
 
 
 def pipeline_config(model_dir, **overrides):
@@ -30,20 +23,23 @@ def pipeline_config(model_dir, **overrides):
 
 
 def _task(rank: int, config: dict, run_dir: str, attempt: str, stop_after: int | None, results) -> None:
-    os.environ.update(SWEEP_NUM_TASKS="3", SWEEP_TASK_RANK=str(rank), SWEEP_ATTEMPT=attempt, SWEEP_PEER_TIMEOUT_S="120")
+    os.environ.update(SWEEP_NUM_TASKS="3", SWEEP_TASK_RANK=str(rank), SWEEP_ATTEMPT=attempt)
     from pathlib import Path
 
-    from recipe import roles, train
     from recipe.config import RecipeConfig
+    from recipe.loop.train import train
+    from recipe.pipeline.env import layout_of, task_env
+    from recipe.pipeline.lead import LeadTeam
+    from recipe.pipeline.peer import run_peer
 
-    cfg, run_path, env = RecipeConfig.from_dict(config), Path(run_dir), roles.task_env()
+    cfg, run_path, env = RecipeConfig.from_dict(config), Path(run_dir), task_env()
     if rank:
-        results.put((rank, roles.run_peer(cfg, run_path, env, lambda _: None)))
+        results.put((rank, run_peer(cfg, run_path, env, lambda _: None)))
         return
     sink, calls = MemorySink(), iter(range(1, 10_000))
     should_stop = (lambda: next(calls) >= stop_after) if stop_after else (lambda: False)
-    with roles.LeadTeam(cfg, run_path, env, roles.layout_of(cfg, env), lambda _: None) as team:
-        outcome = train.train(cfg, run_path, sink, should_stop=should_stop, log=lambda _: None, team=team)
+    with LeadTeam(cfg, run_path, env, layout_of(cfg, env), lambda _: None) as team:
+        outcome = train(cfg, run_path, sink, should_stop=should_stop, log=lambda _: None, team=team)
     results.put((0, (outcome, sink.eval_points, sink.metrics)))
 
 

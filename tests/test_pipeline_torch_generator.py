@@ -5,24 +5,19 @@ outputs), and sequences in flight continue on the new weights and record both ve
 from __future__ import annotations
 
 import math
-import socket
 import threading
 
 import pytest
 import torch
 
-from recipe import tasks
 from recipe.engines.torch_generator import TorchGenerator
 from recipe.engines.weights import TorchWeightSender, WeightGroupSpec, weight_checksums, weight_meta
-from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
-from recipe.sampler import sample
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, completion_logprobs
+from recipe.model.sampler import Sampling, sample
+from recipe.pipeline.rendezvous import free_port
+from recipe.tasks import sort6
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer(tasks.VOCABULARY, eos=tasks.EOS, pad=tasks.PAD)
 
 
 def policy(tokenizer, seed: int = 0):
@@ -33,7 +28,7 @@ def policy(tokenizer, seed: int = 0):
 
 
 def prompts(tokenizer, num: int = 3) -> list[list[int]]:
-    _, texts = tasks.sort6_prompt_sets(1, num)
+    _, texts = sort6.sort6_prompt_sets(1, num)
     return tokenizer(texts).input_ids
 
 
@@ -45,14 +40,7 @@ def test_blocking_generation_is_the_sampler_and_its_logprobs_the_trainers(tokeni
     model = policy(tokenizer)
     rows = prompts(tokenizer)
     groups = generator(model, tokenizer).generate(rows, num_samples=4, max_new_tokens=7, seed=5)
-    expected = sample(
-        model,
-        torch.tensor(rows).repeat_interleave(4, dim=0),
-        max_new_tokens=7,
-        eos_id=tokenizer.eos_token_id,
-        pad_id=tokenizer.pad_token_id,
-        generator=torch.Generator().manual_seed(5),
-    )
+    expected = sample(model, torch.tensor(rows).repeat_interleave(4, dim=0), Sampling(max_new_tokens=7, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(5)))
     samples = [s for group in groups for s in group]
     assert [list(s.token_ids) for s in samples] == [
         row[:n] for row, n in zip(expected.tokens_BT.tolist(), expected.lengths_B.tolist())
@@ -96,12 +84,6 @@ def test_sequences_in_flight_continue_on_pushed_weights_and_record_both_versions
     assert gen.num_generated_tokens == sum(len(s.token_ids) for s in samples)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_push_over_the_weight_group_takes(tokenizer):
     trained = policy(tokenizer, seed=1)
     gen = generator(policy(tokenizer, seed=0), tokenizer)
@@ -136,8 +118,8 @@ def test_a_push_over_the_weight_group_takes(tokenizer):
 def test_a_streamed_group_with_thinking_budgets_is_interrupted_as_the_sampler_does_and_records_forced_positions(
     tokenizer,
 ):
-    from recipe.sampler import Interrupt
-    from recipe.transport import group_from_wire, group_to_wire, interrupt_from_wire, interrupt_to_wire
+    from recipe.model.sampler import Interrupt
+    from recipe.pipeline.transport import group_from_wire, group_to_wire, interrupt_from_wire, interrupt_to_wire
 
     model = policy(tokenizer)
     vocab = tokenizer.get_vocab()

@@ -1,6 +1,6 @@
 """Generator-vs-trainer log-prob agreement on the same weights, by precision (torch engine).
 
-Tolerances are stated against what bench/bench_logprobs.py measured here (bench/RESULTS.md):
+Tolerances are stated against what bench/bench_logprobs.py (`recipe.model.mismatch`) measured here (bench/RESULTS.md):
 fp32 agrees to ~4e-6 at worst; bfloat16 with the same head on both sides agrees to ~1e-6 on
 average; a head in fp32 on one side only is thousands of times worse, which is why
 `precision.lm_head_fp32` applies to the generator and the trainer alike.
@@ -8,16 +8,11 @@ average; a head in fp32 on one side only is thousands of times worse, which is w
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from recipe.model.mismatch import mismatch
 
-from bench_logprobs import mismatch  # noqa: E402
-
-pytestmark = pytest.mark.usefixtures("torch_one_thread")
+pytestmark = [pytest.mark.usefixtures("torch_one_thread"), pytest.mark.isa]
 
 
 def test_fp32_generator_and_trainer_agree():
@@ -38,18 +33,18 @@ def test_an_fp32_head_on_one_side_only_is_far_worse():
     assert one_mean > 100 * max(fp32_mean, both_mean), (fp32_mean, both_mean, one_mean)
 
 
-# --- recipe.precision: the body's dtype and the FP32 LM head (weight in the body's dtype) ---------
+# --- recipe.model.precision: the body's dtype and the FP32 LM head (weight in the body's dtype) ---------
 
 import torch  # noqa: E402
 
-from recipe import tasks  # noqa: E402
-from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer  # noqa: E402
-from recipe.precision import body_dtype, has_fp32_head, upcast_lm_head, vllm_dtype  # noqa: E402
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer  # noqa: E402
+from recipe.model.precision import body_dtype, has_fp32_head, upcast_lm_head, vllm_dtype  # noqa: E402
+from recipe.tasks import sort6  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    tokenizer = build_tokenizer(tasks.VOCABULARY, eos=tasks.EOS, pad=tasks.PAD)
+    tokenizer = build_tokenizer(sort6.VOCABULARY, eos=sort6.EOS, pad=sort6.PAD)
     ids = tokenizer(["1 2 3 + 4 5 6 =", "9 8 7 + 0 1 2 ="], return_tensors="pt").input_ids
     return tokenizer, ids
 

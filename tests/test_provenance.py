@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
-from recipe.provenance import code_version, collect
+from recipe.telemetry.provenance import code_version, collect
 from store import Store
 
 TINY = """\

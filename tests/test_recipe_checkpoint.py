@@ -2,7 +2,7 @@
 
 import torch
 
-from recipe import checkpoint
+from recipe.loop import checkpoint
 
 
 def state(step: int) -> dict:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from recipe.curriculum import PromptDrawer
+from recipe.loop.curriculum import PromptDrawer
 
 
 def test_an_epoch_visits_every_prompt_once():

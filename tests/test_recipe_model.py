@@ -6,33 +6,27 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from recipe import builtin, tasks
 from recipe.config import ConfigError
-from recipe.model import (
+from recipe.model.policy import (
     TinyLlamaShape,
     build_tiny_llama,
-    build_tokenizer,
     load_policy,
     matmul_param_count,
 )
-from recipe.precision import upcast_lm_head
+from recipe.model.precision import upcast_lm_head
+from recipe.tasks import builtin, sort6
 
 QUICK = builtin.WarmupRecipe(num_steps=2, batch_size=8)
 
 
-pytestmark = pytest.mark.usefixtures("torch_one_thread")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer(tasks.VOCABULARY, eos=tasks.EOS, pad=tasks.PAD)
+pytestmark = [pytest.mark.usefixtures("torch_one_thread"), pytest.mark.isa]
 
 
 def test_tokenizer_maps_each_symbol_to_its_vocabulary_position(tokenizer):
-    prompt = tasks.make_prompt(471, 903)
-    assert tokenizer(prompt).input_ids == [tasks.VOCABULARY.index(s) for s in prompt.split()]
-    assert tokenizer.eos_token_id == tasks.VOCABULARY.index(tasks.EOS)
-    assert tokenizer.pad_token_id == tasks.VOCABULARY.index(tasks.PAD)
+    prompt = sort6.make_prompt(471, 903)
+    assert tokenizer(prompt).input_ids == [sort6.VOCABULARY.index(s) for s in prompt.split()]
+    assert tokenizer.eos_token_id == sort6.VOCABULARY.index(sort6.EOS)
+    assert tokenizer.pad_token_id == sort6.VOCABULARY.index(sort6.PAD)
     assert tokenizer.decode(tokenizer("0 1 2 </s>").input_ids) == "0 1 2 </s>"
 
 
@@ -40,7 +34,7 @@ def test_tiny_llama_shape_and_parameter_count(tokenizer):
     model = build_tiny_llama(TinyLlamaShape(), tokenizer, seed=0)
     assert model.config.head_dim == 64  # what vLLM's CPU attention requires
     assert sum(p.numel() for p in model.parameters()) == 84_032
-    assert matmul_param_count(model) == 84_032 - len(tasks.VOCABULARY) * 64
+    assert matmul_param_count(model) == 84_032 - len(sort6.VOCABULARY) * 64
     same = build_tiny_llama(TinyLlamaShape(), tokenizer, seed=0)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), same.parameters()))
 
@@ -88,7 +82,7 @@ def test_builtin_model_is_built_once_and_loadable(tmp_path):
     assert builtin.builtin_model_dir("sort6-tiny", QUICK, tmp_path, logs.append) == directory
     assert sum("building" in m for m in logs) == 1
     model, tokenizer = load_policy(directory, dtype="auto", lm_head_fp32=True)
-    assert tokenizer.eos_token_id == tasks.VOCABULARY.index(tasks.EOS)
+    assert tokenizer.eos_token_id == sort6.VOCABULARY.index(sort6.EOS)
 
 
 def test_builtin_build_is_deterministic_and_keyed_by_its_recipe(tmp_path):

@@ -3,16 +3,16 @@
 import pytest
 import torch
 
-from recipe import tasks
-from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
-from recipe.sampler import InterruptRule, decode, sample
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs
+from recipe.model.sampler import InterruptRule, Sampling, decode, sample
+from recipe.tasks import sort6
 
-pytestmark = pytest.mark.usefixtures("torch_one_thread")
+pytestmark = [pytest.mark.usefixtures("torch_one_thread"), pytest.mark.isa]
 
 
 @pytest.fixture(scope="module")
 def policy():
-    tokenizer = build_tokenizer(tasks.VOCABULARY, eos=tasks.EOS, pad=tasks.PAD)
+    tokenizer = build_tokenizer(sort6.VOCABULARY, eos=sort6.EOS, pad=sort6.PAD)
     model = build_tiny_llama(TinyLlamaShape(), tokenizer, seed=0)
     with torch.no_grad():  # make EOS likely so that sequences end at different lengths
         model.lm_head.weight[tokenizer.eos_token_id] += 0.3 * model.model.norm.weight
@@ -22,21 +22,13 @@ def policy():
 @pytest.fixture(scope="module")
 def prompt_ids(policy):
     _, tokenizer = policy
-    _, prompts = tasks.sort6_prompt_sets(1, 32)
+    _, prompts = sort6.sort6_prompt_sets(1, 32)
     return tokenizer(prompts, return_tensors="pt").input_ids
 
 
 def run(policy, prompt_ids, max_new_tokens=7, seed=0, greedy=False):
     model, tokenizer = policy
-    return sample(
-        model,
-        prompt_ids,
-        max_new_tokens=max_new_tokens,
-        eos_id=tokenizer.eos_token_id,
-        pad_id=tokenizer.pad_token_id,
-        generator=torch.Generator().manual_seed(seed),
-        greedy=greedy,
-    )
+    return sample(model, prompt_ids, Sampling(max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed), greedy=greedy))
 
 
 def test_sequences_stop_at_eos_and_are_padded_after_it(policy, prompt_ids):
@@ -109,15 +101,15 @@ def test_max_new_tokens_must_be_positive(policy, prompt_ids):
 @pytest.fixture(scope="module")
 def thinker():
     """A random tiny Llama on sumk's symbols that never closes its thinking or ends by itself."""
-    from recipe import tasks_think
+    from recipe.tasks import sumk
 
-    tokenizer = build_tokenizer(tasks_think.VOCABULARY, eos=tasks_think.EOS, pad=tasks_think.PAD)
+    tokenizer = build_tokenizer(sumk.VOCABULARY, eos=sumk.EOS, pad=sumk.PAD)
     model = build_tiny_llama(TinyLlamaShape(), tokenizer, seed=1)
-    close_id = tokenizer.convert_tokens_to_ids(tasks_think.THINK_CLOSE)
+    close_id = tokenizer.convert_tokens_to_ids(sumk.THINK_CLOSE)
     model.logit_shift = torch.zeros(len(tokenizer))
     model.logit_shift[[close_id, tokenizer.eos_token_id]] = -30.0
     model.lm_head.register_forward_hook(lambda module, args, logits: logits + model.logit_shift)
-    prompts = tasks_think.prompt_sets(1, 48)[1]
+    prompts = sumk.prompt_sets(1, 48)[1]
     return model, tokenizer, close_id, tokenizer(prompts, return_tensors="pt").input_ids
 
 
@@ -125,10 +117,7 @@ def sample_thinking(thinker, rule, seed=0, max_new_tokens=12):
     model, tokenizer, _, prompt_ids = thinker
     generator = torch.Generator().manual_seed(seed)
     interrupt = rule.draw(prompt_ids.shape[0], generator)
-    out = sample(
-        model, prompt_ids, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
-        pad_id=tokenizer.pad_token_id, generator=generator, interrupt=interrupt,
-    )  # fmt: skip
+    out = sample(model, prompt_ids, Sampling(max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, generator=generator, interrupt=interrupt))  # fmt: skip
     return interrupt.budget_B, out
 
 
@@ -179,7 +168,4 @@ def test_interrupt_budgets_and_phrase_are_checked(thinker):
     with pytest.raises(ValueError, match="low <= high"):
         InterruptRule(close_id, (close_id,), 3, 2)
     with pytest.raises(ValueError, match="3 interrupt budgets for 48 rows"):
-        sample(
-            thinker[0], prompt_ids, max_new_tokens=4, eos_id=0, pad_id=0,
-            interrupt=InterruptRule(close_id, (close_id,), 1, 2).draw(3, None),
-        )  # fmt: skip
+        sample(thinker[0], prompt_ids, Sampling(max_new_tokens=4, eos_id=0, pad_id=0, interrupt=InterruptRule(close_id, (close_id,), 1, 2).draw(3, None)))  # fmt: skip

@@ -2,14 +2,14 @@
 
 import pytest
 
-from recipe import tasks
 from recipe.config import ConfigError, DataConfig
+from recipe.tasks import sort6, task as tasks
 
 
 def test_prompt_and_expected_completion():
-    prompt = tasks.make_prompt(471, 903)
+    prompt = sort6.make_prompt(471, 903)
     assert prompt == "4 7 1 + 9 0 3 ="
-    assert tasks.expected_completion(prompt) == "0 1 3 4 7 9 </s>"
+    assert sort6.expected_completion(prompt) == "0 1 3 4 7 9 </s>"
 
 
 @pytest.mark.parametrize(
@@ -24,45 +24,45 @@ def test_prompt_and_expected_completion():
     ],
 )
 def test_reward_is_one_only_for_the_exact_answer(completion, reward):
-    assert tasks.reward("4 7 1 + 9 0 3 =", completion) == reward
+    assert sort6.reward("4 7 1 + 9 0 3 =", completion) == reward
 
 
 def test_repeated_digits_are_kept():
-    assert tasks.expected_completion(tasks.make_prompt(100, 101)) == "0 0 0 1 1 1 </s>"
+    assert sort6.expected_completion(sort6.make_prompt(100, 101)) == "0 0 0 1 1 1 </s>"
 
 
 def test_make_prompt_rejects_non_three_digit_numbers():
     with pytest.raises(ValueError, match="3-digit"):
-        tasks.make_prompt(99, 100)
+        sort6.make_prompt(99, 100)
 
 
 def test_prompt_sets_are_disjoint_deterministic_and_sized():
-    train, valid = tasks.sort6_prompt_sets(500, 64)
+    train, valid = sort6.sort6_prompt_sets(500, 64)
     assert (len(train), len(valid)) == (500, 64)
     assert len(set(train)) == 500 and len(set(valid)) == 64
     assert not set(train) & set(valid)
-    assert tasks.sort6_prompt_sets(500, 64) == (train, valid)
+    assert sort6.sort6_prompt_sets(500, 64) == (train, valid)
 
 
 def test_held_out_set_does_not_depend_on_the_train_size_and_never_meets_the_warmup():
-    _, valid = tasks.sort6_prompt_sets(10, 64)
-    train, same_valid = tasks.sort6_prompt_sets(3000, 64)
+    _, valid = sort6.sort6_prompt_sets(10, 64)
+    train, same_valid = sort6.sort6_prompt_sets(3000, 64)
     assert valid == same_valid
-    warmup = set(tasks.sort6_warmup_prompts())
-    assert len(warmup) == tasks.NUM_WARMUP_PROMPTS
+    warmup = set(sort6.sort6_warmup_prompts())
+    assert len(warmup) == sort6.NUM_WARMUP_PROMPTS
     assert not warmup & (set(train) | set(valid))
 
 
 def test_prompt_set_sizes_are_checked():
     with pytest.raises(ValueError, match="data.num_train_prompts"):
-        tasks.sort6_prompt_sets(0, 10)
+        sort6.sort6_prompt_sets(0, 10)
     with pytest.raises(ValueError, match="exceeds"):
-        tasks.sort6_prompt_sets(800_000, 10)
+        sort6.sort6_prompt_sets(800_000, 10)
 
 
 def test_every_symbol_is_one_vocabulary_entry():
-    prompt = tasks.make_prompt(123, 456)
-    assert all(s in tasks.VOCABULARY for s in (prompt + " " + tasks.expected_completion(prompt)).split())
+    prompt = sort6.make_prompt(123, 456)
+    assert all(s in sort6.VOCABULARY for s in (prompt + " " + sort6.expected_completion(prompt)).split())
 
 
 def test_load_task_builds_sort6_and_names_a_missing_math_jsonl_file():
@@ -79,26 +79,27 @@ def test_load_task_builds_sort6_and_names_a_missing_math_jsonl_file():
 
 
 def test_load_task_builds_sumk_with_its_difficulty_mixture_and_cap():
-    from recipe import tasks_think
+    from recipe.tasks import sumk
 
     task = tasks.load_task(
         DataConfig(task="sumk", num_train_prompts=300, num_valid_prompts=50, sumk_min_digits=3, sumk_max_digits=5)
     )
     assert (task.name, len(task.train_prompts), len(task.valid_prompts)) == ("sumk", 300, 50)
-    assert {len(tasks_think.prompt_digits(p)) for p in task.valid_prompts} == {3, 4, 5}
+    assert {len(sumk.prompt_digits(p)) for p in task.valid_prompts} == {3, 4, 5}
     assert task.max_new_tokens == 5 + 4  # the longest worked completion
     assert (task.think_close, task.interrupt_phrase, task.answer_tokens) == ("</think>", "</think>", 3)
     prompt = task.valid_prompts[0]
-    assert task.score([prompt], [tasks_think.worked_completion(prompt)]) == [1.0]
+    assert task.score([prompt], [sumk.worked_completion(prompt)]) == [1.0]
 
 
 def test_sumk_limits_in_the_torch_free_config_match_the_task():
-    from recipe import config, tasks_think
+    from recipe import config
+    from recipe.tasks import sumk
 
-    assert config.SUMK_DIGITS == (tasks_think.MIN_DIGITS, tasks_think.MAX_DIGITS)
-    assert config.SUMK_ANSWER_TOKENS == 1 + tasks_think.ANSWER_TOKENS
-    assert DataConfig().sumk_min_digits == tasks_think.DEFAULT_MIN_DIGITS
-    assert DataConfig().sumk_max_digits == tasks_think.DEFAULT_MAX_DIGITS
+    assert config.SUMK_DIGITS == (sumk.MIN_DIGITS, sumk.MAX_DIGITS)
+    assert config.SUMK_ANSWER_TOKENS == 1 + sumk.ANSWER_TOKENS
+    assert DataConfig().sumk_min_digits == sumk.DEFAULT_MIN_DIGITS
+    assert DataConfig().sumk_max_digits == sumk.DEFAULT_MAX_DIGITS
 
 
 @pytest.mark.parametrize(

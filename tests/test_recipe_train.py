@@ -7,21 +7,21 @@ import pytest
 import torch
 from conftest import small_recipe
 
-from recipe import builtin, checkpoint, train
 from recipe.config import ConfigError, NotAvailableError, resolve
-from recipe.sink import MemorySink
-from recipe.tasks import load_task
+from recipe.loop import checkpoint
+from recipe.loop.checks import check_engine
+from recipe.loop.evaluate import is_eval_step
+from recipe.loop.rollout import generate_batch, shaped_rewards
+from recipe.loop.state import initial_state
+from recipe.loop.train import TrainOutcome, train
+from recipe.loop.update import lr_at, policy_update
+from recipe.tasks.task import load_task
+from recipe.telemetry.sinks import MemorySink
 
 # A base that passes often enough (about 40 % sampled) for most groups to carry a signal.
-TEST_BASE = builtin.WarmupRecipe(num_steps=100, lr=1e-3, label_smoothing=0.0)
 
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return builtin.builtin_model_dir("sort6-test", TEST_BASE, tmp_path_factory.mktemp("cache"), lambda _: None)
 
 
 @dataclass
@@ -38,7 +38,7 @@ class RecordingSink(MemorySink):
 def run(cfg, run_dir, sink=None, should_stop=lambda: False):
     sink = sink if sink is not None else RecordingSink()
     logs: list[str] = []
-    outcome = train.train(cfg, run_dir, sink, should_stop=should_stop, log=logs.append)
+    outcome = train(cfg, run_dir, sink, should_stop=should_stop, log=logs.append)
     return outcome, sink, logs
 
 
@@ -57,16 +57,16 @@ def saved_weights(run_dir, step):
 
 def test_eval_schedule_is_log_spaced_then_regular():
     cfg = resolve({"eval.every": 100})
-    steps = [s for s in range(0, 401) if train.is_eval_step(s, cfg)]
+    steps = [s for s in range(0, 401) if is_eval_step(s, cfg)]
     assert steps == [0, 1, 2, 4, 8, 16, 32, 64, 100, 200, 300, 400]
     linear = resolve({"eval.every": 100, "eval.log_spaced": False})
-    assert [s for s in range(0, 401) if train.is_eval_step(s, linear)] == [0, 100, 200, 300, 400]
+    assert [s for s in range(0, 401) if is_eval_step(s, linear)] == [0, 100, 200, 300, 400]
 
 
 def test_lr_warms_up_linearly_then_stays():
     cfg = resolve({"optim.lr": 1e-3, "optim.warmup_steps": 4})
-    assert [train.lr_at(s, cfg) for s in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
-    assert train.lr_at(0, resolve({"optim.lr": 1e-3, "optim.warmup_steps": 0})) == 1e-3
+    assert [lr_at(s, cfg) for s in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    assert lr_at(0, resolve({"optim.lr": 1e-3, "optim.warmup_steps": 0})) == 1e-3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -75,7 +75,7 @@ def test_lr_warms_up_linearly_then_stays():
 
 def test_a_run_reports_eval_points_metrics_and_checkpoints(model_dir, tmp_path):
     outcome, sink, logs = run(small_recipe(model_dir), tmp_path)
-    assert outcome == train.TrainOutcome(final_step=8, state="completed", resumed_from_step=None)
+    assert outcome == TrainOutcome(final_step=8, state="completed", resumed_from_step=None)
     assert sorted(sink.eval_points) == [0, 1, 2, 4, 8]
     points = [sink.eval_points[s] for s in sorted(sink.eval_points)]
     for point in points:
@@ -113,16 +113,17 @@ def test_flops_follow_the_documented_formula(model_dir, tmp_path):
     assert point["flops"] == 2 * n * positions + 6 * n * positions
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("mode", ["pipeline", "ppo-offpolicy"])
 def test_a_stopped_and_resumed_run_matches_an_uninterrupted_one(model_dir, tmp_path, mode):
     cfg = small_recipe(model_dir, **{"budget.steps": 10, "async.mode": mode, "async.max_lag": 3})
     _, straight, _ = run(cfg, tmp_path / "straight")
 
     outcome, sink, logs = run(cfg, tmp_path / "split", should_stop=stop_after(4))
-    assert outcome == train.TrainOutcome(4, "stopped", None)
+    assert outcome == TrainOutcome(4, "stopped", None)
     assert 4 in sink.checkpoints and any("stopped at step 4" in m for m in logs)
     outcome, sink, logs = run(cfg, tmp_path / "split", sink=sink)
-    assert outcome == train.TrainOutcome(10, "completed", 4)
+    assert outcome == TrainOutcome(10, "completed", 4)
     assert sink.resumes == [4] and any("resumed from step 4" in m for m in logs)
 
     assert sorted(sink.eval_points) == sorted(straight.eval_points) == [0, 1, 2, 4, 8, 10]
@@ -132,7 +133,7 @@ def test_a_stopped_and_resumed_run_matches_an_uninterrupted_one(model_dir, tmp_p
         assert sink.eval_points[step]["flops"] == point["flops"], step
     final, final_straight = saved_weights(tmp_path / "split", 10), saved_weights(tmp_path / "straight", 10)
     assert all(torch.equal(final[k], final_straight[k]) for k in final)
-    initial = train.initial_state(cfg, load_task(cfg.data), 7, lambda _: None).model.state_dict()
+    initial = initial_state(cfg, load_task(cfg.data), 7, lambda _: None).model.state_dict()
     assert not all(torch.equal(final[k], initial[k]) for k in final), "the run should have trained"
 
 
@@ -191,32 +192,32 @@ def test_a_flops_budget_ends_the_run(model_dir, tmp_path):
 def test_no_positive_resampling_can_exhaust_the_training_set(model_dir, tmp_path):
     cfg = small_recipe(model_dir, **{"data.num_train_prompts": 8, "filter.npr_threshold": 0.0, "budget.steps": 100})
     outcome, sink, logs = run(cfg, tmp_path)
-    assert outcome == train.TrainOutcome(2, "completed", None)
+    assert outcome == TrainOutcome(2, "completed", None)
     assert max(sink.eval_points) == 2
     assert any("training prompts left after No-Positive-Resampling" in m for m in logs)
 
 
 def test_zero_variance_groups_leave_the_update(model_dir):
     cfg = small_recipe(model_dir)
-    state = train.initial_state(cfg, load_task(cfg.data), 7, lambda _: None)
-    rollout = train.generate_batch(state)
+    state = initial_state(cfg, load_task(cfg.data), 7, lambda _: None)
+    rollout = generate_batch(state)
     before = [p.detach().clone() for p in state.model.parameters()]
     rollout.rewards_PG = torch.ones(4, 4)
-    metrics = train.policy_update(state, rollout)
+    metrics = policy_update(state, rollout)
     assert metrics["num_trained_groups"] == 0 and "loss" not in metrics
     assert all(torch.equal(a, b) for a, b in zip(before, state.model.parameters()))
     rollout.rewards_PG = torch.tensor([[1.0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1]])
-    assert train.policy_update(state, rollout)["num_trained_groups"] == 1
+    assert policy_update(state, rollout)["num_trained_groups"] == 1
     unfiltered = small_recipe(model_dir, **{"filter.zero_variance": False})
     state.cfg = unfiltered
-    assert train.policy_update(state, rollout)["num_trained_groups"] == 4
+    assert policy_update(state, rollout)["num_trained_groups"] == 4
 
 
 def test_overlong_penalty_is_added_only_under_length_control_penalty():
     passes, lengths = torch.tensor([1.0, 1.0, 0.0, 1.0]), torch.tensor([3, 5, 6, 7])
     cfg = resolve({"length.control": "penalty", "length.penalty_max": 6, "length.penalty_cache": 2})
-    assert train.shaped_rewards(passes, lengths, cfg).tolist() == [1.0, 0.5, -1.0, 0.0]
-    assert torch.equal(train.shaped_rewards(passes, lengths, resolve({"length.control": "interrupt"})), passes)
+    assert shaped_rewards(passes, lengths, cfg).tolist() == [1.0, 0.5, -1.0, 0.0]
+    assert torch.equal(shaped_rewards(passes, lengths, resolve({"length.control": "interrupt"})), passes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,13 +240,13 @@ def test_overlong_penalty_is_added_only_under_length_control_penalty():
 )
 def test_unavailable_settings_fail_fast(tmp_path, overrides, error, match):
     with pytest.raises(error, match=match):
-        train.train(resolve(overrides), tmp_path, MemorySink(), log=lambda _: None)
+        train(resolve(overrides), tmp_path, MemorySink(), log=lambda _: None)
 
 
 def test_auto_engine_means_torch_only_without_cuda(monkeypatch):
     cfg = resolve({})
-    train.check_engine(cfg)
+    check_engine(cfg)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(NotAvailableError, match="engine.generator='auto'"):
-        train.check_engine(cfg)
-    train.check_engine(resolve({"engine.generator": "torch", "engine.trainer": "torch"}))
+        check_engine(cfg)
+    check_engine(resolve({"engine.generator": "torch", "engine.trainer": "torch"}))

@@ -20,9 +20,9 @@ from matplotlib.colors import to_rgb
 from matplotlib.image import imread
 
 from analysis.report import plots
-from launcher.cli import cli
 from analysis.report.build import Report, ReportOptions, build_report
 from analysis.report.render import CSV_FIXED, render_csv, render_html, render_markdown, to_json_dict
+from launcher.cli import cli
 from conftest import paper_sweep
 from store import Store
 

@@ -5,17 +5,16 @@ and aggregation, and a split that leaves one rank nothing to train on."""
 from __future__ import annotations
 
 import itertools
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import random_batch, tiny_model
 
 from recipe.config import LossConfig
-from recipe.engines.base import TrainBatch
 from recipe.engines.torch_trainer import TorchTrainer
-from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer
+from recipe.pipeline.rendezvous import free_port
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -25,26 +24,6 @@ CASES = [
 ]
 """(loss type, aggregation, number of groups): one group over two ranks leaves rank 1 empty."""
 GROUP_SIZE = 3
-
-
-def tiny_model() -> torch.nn.Module:
-    tokenizer = build_tokenizer([f"t{i}" for i in range(10)] + ["<eos>", "<pad>"], eos="<eos>", pad="<pad>")
-    return build_tiny_llama(TinyLlamaShape(num_layers=1, max_positions=16), tokenizer, seed=3)
-
-
-def random_batch(num_groups: int, seed: int = 7) -> TrainBatch:
-    gen = torch.Generator().manual_seed(seed)
-    rows, length = num_groups * GROUP_SIZE, 5
-    lengths = torch.randint(1, length + 1, (rows,), generator=gen)
-    return TrainBatch(
-        prompt_ids_BP=torch.randint(0, 10, (rows, 3), generator=gen),
-        prompt_mask_BP=None,
-        tokens_BT=torch.randint(0, 10, (rows, length), generator=gen),
-        behaviour_logp_BT=-torch.rand(rows, length, generator=gen) * 3,
-        mask_BT=torch.arange(length)[None, :] < lengths[:, None],
-        adv_B=torch.randn(rows, generator=gen),
-        group_size=GROUP_SIZE,
-    )
 
 
 def one_step(
@@ -75,12 +54,6 @@ def _rank(rank: int, port: int, results) -> None:
 def relative_error(got: list, want: list[torch.Tensor]) -> float:
     diff = torch.cat([(torch.from_numpy(g) - w).flatten() for g, w in zip(got, want)])
     return float(diff.norm() / torch.cat([w.flatten() for w in want]).norm())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -66,7 +66,7 @@ def wait_ended(db: str, name: str, timeout_s: float = 300) -> list[dict]:
 
 
 def expected_eval_steps(cfg: RecipeConfig) -> list[int]:
-    from recipe.train import is_eval_step
+    from recipe.loop.train import is_eval_step
 
     steps = [s for s in range(cfg.budget.steps + 1) if is_eval_step(s, cfg)]
     return steps if steps[-1] == cfg.budget.steps else [*steps, cfg.budget.steps]

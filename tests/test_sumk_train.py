@@ -5,13 +5,18 @@ engine refuses."""
 import pytest
 import torch
 
-from recipe import builtin, tasks_think, train
 from recipe.config import ConfigError, NotAvailableError, resolve
-from recipe.math_tiny import build_char_tokenizer
-from recipe.sink import MemorySink
-from recipe.tasks import MATH_INTERRUPT_PHRASE, Task, load_task
+from recipe.loop.checks import generation_cap, interrupt_rule
+from recipe.loop.rollout import generate_batch, rollout_metrics
+from recipe.loop.state import initial_state
+from recipe.loop.train import train
+from recipe.loop.update import train_batch
+from recipe.tasks import builtin, sumk
+from math_tiny import build_char_tokenizer
+from recipe.tasks.task import MATH_INTERRUPT_PHRASE, Task, load_task
+from recipe.telemetry.sinks import MemorySink
 
-pytestmark = pytest.mark.usefixtures("torch_one_thread")
+pytestmark = [pytest.mark.usefixtures("torch_one_thread"), pytest.mark.isa]
 
 # A quick base (a few warm-up steps): enough for the mechanics, not for the task.
 TEST_BASE = builtin.SumkWarmupRecipe(num_steps=30)
@@ -42,8 +47,8 @@ def sumk_recipe(model_dir, **overrides):
 
 def start(cfg):
     task = load_task(cfg.data)
-    state = train.initial_state(cfg, task, train.generation_cap(cfg, task, lambda _: None), lambda _: None)
-    state.interrupt = train.interrupt_rule(cfg, task, state.tokenizer, state.max_new_tokens, lambda _: None)
+    state = initial_state(cfg, task, generation_cap(cfg, task, lambda _: None), lambda _: None)
+    state.interrupt = interrupt_rule(cfg, task, state.tokenizer, state.max_new_tokens, lambda _: None)
     return state
 
 
@@ -52,16 +57,16 @@ def test_the_built_in_base_is_a_sumk_llama_with_head_dim_64(model_dir):
 
     config = AutoConfig.from_pretrained(model_dir)
     assert (config.head_dim, config.num_attention_heads, config.hidden_size) == (64, 1, 64)
-    assert config.vocab_size == len(tasks_think.VOCABULARY)
+    assert config.vocab_size == len(sumk.VOCABULARY)
     assert builtin.BUILTINS["sumk-tiny"].cache_key() != builtin.BUILTINS["sort6-tiny"].cache_key()
 
 
 def test_training_batches_are_interrupted_at_the_drawn_budget_and_forced_tokens_leave_the_loss(model_dir):
     cfg = sumk_recipe(model_dir, **{"length.interrupt_min": 3, "length.interrupt_max": 3})
     state = start(cfg)
-    close_id = state.tokenizer.convert_tokens_to_ids(tasks_think.THINK_CLOSE)
+    close_id = state.tokenizer.convert_tokens_to_ids(sumk.THINK_CLOSE)
     assert state.interrupt is not None and (state.interrupt.low, state.interrupt.high) == (3, 3)
-    rollout = train.generate_batch(state)
+    rollout = generate_batch(state)
     c = rollout.completions
     thought_B = torch.where(c.tokens_BT == close_id, torch.arange(c.tokens_BT.shape[1]), 99).min(dim=1).values
     ended_early_B = (c.tokens_BT[:, :3] == state.tokenizer.eos_token_id).any(dim=1)
@@ -69,15 +74,15 @@ def test_training_batches_are_interrupted_at_the_drawn_budget_and_forced_tokens_
     assert c.interrupted_B.any()
     assert (c.forced_BT.nonzero()[:, 1] == 3).all()  # forced exactly after 3 thinking tokens
     assert (c.tokens_BT[c.forced_BT] == close_id).all()
-    batch = train.train_batch(rollout, torch.ones(cfg.batch.prompts, dtype=torch.bool), None, cfg)
+    batch = train_batch(rollout, torch.ones(cfg.batch.prompts, dtype=torch.bool), None, cfg)
     assert torch.equal(batch.mask_BT, c.mask_BT & ~c.forced_BT)
-    assert train.rollout_metrics(rollout)["interrupted_fraction"] == pytest.approx(float(c.interrupted_B.float().mean()))
+    assert rollout_metrics(rollout)["interrupted_fraction"] == pytest.approx(float(c.interrupted_B.float().mean()))
 
 
 def test_a_sumk_run_with_interrupts_reports_them(model_dir, tmp_path):
     cfg = sumk_recipe(model_dir, **{"length.interrupt_min": 2, "length.interrupt_max": 4})
     sink, logs = MemorySink(), []
-    train.train(cfg, tmp_path, sink, log=logs.append)
+    train(cfg, tmp_path, sink, log=logs.append)
     assert sorted(sink.eval_points) == [0, 1, 2]
     for point in sink.eval_points.values():
         assert 0 < point["metrics"]["interrupted_fraction"] <= 1 and point["num_samples"] == 48
@@ -91,7 +96,7 @@ def test_budgets_beyond_the_cap_interrupt_nothing(model_dir):
     cfg = sumk_recipe(model_dir)  # the default budgets (10240-12288) lie beyond the 16-token cap
     state = start(cfg)
     assert state.interrupt is None and state.max_new_tokens == 16
-    assert train.rollout_metrics(train.generate_batch(state))["interrupted_fraction"] == 0.0
+    assert rollout_metrics(generate_batch(state))["interrupted_fraction"] == 0.0
 
 
 def test_interrupt_settings_this_engine_refuses(model_dir, tmp_path):
@@ -101,10 +106,10 @@ def test_interrupt_settings_this_engine_refuses(model_dir, tmp_path):
     on_generator_ranks = resolve(flatten(cfg.to_dict()) | {"engine.generator_ranks": 1})  # taken since issue 19
     task = load_task(cfg.data)
     cap = min(task.max_new_tokens, cfg.length.max_new_tokens)
-    assert train.generation_cap(on_generator_ranks, task, lambda _: None) == cap
+    assert generation_cap(on_generator_ranks, task, lambda _: None) == cap
     with pytest.raises(NotAvailableError, match="not available yet for sort6, which has no thinking phase"):
         sort6 = resolve({"length.interrupt_min": 4, "length.interrupt_max": 6})
-        train.train(sort6, tmp_path, MemorySink(), log=lambda _: None)
+        train(sort6, tmp_path, MemorySink(), log=lambda _: None)
 
 
 def test_the_math_phrase_ends_in_one_think_close_token_and_needs_room():
@@ -112,10 +117,10 @@ def test_the_math_phrase_ends_in_one_think_close_token_and_needs_room():
     task = Task("math-jsonl", [], [], lambda p, c: 0.0, 1 << 30, chat=True, think_close="</think>",
                 interrupt_phrase=MATH_INTERRUPT_PHRASE)  # fmt: skip
     cfg = resolve({"length.max_new_tokens": 512, "length.interrupt_min": 300, "length.interrupt_max": 400})
-    rule = train.interrupt_rule(cfg, task, tokenizer, 512, lambda _: None)
+    rule = interrupt_rule(cfg, task, tokenizer, 512, lambda _: None)
     close_id = tokenizer.convert_tokens_to_ids("</think>")
     assert rule.phrase_ids[-1] == close_id and rule.phrase_ids.count(close_id) == 1
     assert len(rule.phrase_ids) == len(MATH_INTERRUPT_PHRASE) - len("</think>") + 1  # one token per character
     tight = resolve({"length.max_new_tokens": 450, "length.interrupt_min": 300, "length.interrupt_max": 400})
     with pytest.raises(ConfigError, match="length.interrupt_max: 400: an interrupt at that thinking budget leaves no"):
-        train.interrupt_rule(tight, task, tokenizer, 450, lambda _: None)
+        interrupt_rule(tight, task, tokenizer, 450, lambda _: None)

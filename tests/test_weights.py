@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import queue
-import socket
 import time
 
 import pytest
@@ -20,12 +19,7 @@ from recipe.engines.weights import (
     weight_checksums,
     weight_meta,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from recipe.pipeline.rendezvous import free_port
 
 
 def collect(results, procs, *, count: int, timeout_s: float = 120) -> list:

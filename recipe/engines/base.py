@@ -2,8 +2,8 @@
 
 A *generator* samples completions with the behaviour log-prob of every sampled token and loads new
 weights; a *trainer* takes one optimizer step on a batch and exports its weights. The run's roles
-(`recipe.roles`) are the only places that know which engine sits behind them; the step algorithm in
-`recipe.train` speaks only these interfaces.
+(`recipe.pipeline`) are the only places that know which engine sits behind them; the step algorithm in
+`recipe.loop.train` speaks only these interfaces.
 
 Policy versions: version v = the weights after v optimizer steps. A generator records, per sample,
 the version its first token and its last token were generated with (`version_start`,
@@ -173,7 +173,7 @@ class Trainer(Protocol):
         """Loss (aggregated over whole-batch counts, whatever the split across ranks), backward,
         clip, optimizer step; returns the step's metrics (identical on every trainer rank).
 
-        Collective: every trainer rank calls it with the same whole batch (`recipe.roles` sends
+        Collective: every trainer rank calls it with the same whole batch (`recipe.pipeline` sends
         it from trainer rank 0) and trains on its `batch.shard(rank, world_size)`. Metrics:
         loss, grad_norm, ratio_mean, ratio_min, ratio_max."""
         ...

@@ -5,7 +5,7 @@ loss of its share with the same code (`torch_trainer.shard_loss`: normalised by 
 counts, so the parts sum to the whole batch's loss). DeepSpeed reduces the gradients with
 `"gradient_allreduce_op": "sum"` (its default averages over the ranks, which would divide the
 whole batch's gradient by the number of ranks), clips them to `optim.max_grad_norm` and takes the
-optimizer step. The optimizer is the run's own torch AdamW (`recipe.train.build_optimizer`),
+optimizer step. The optimizer is the run's own torch AdamW (`recipe.loop.state.build_optimizer`),
 handed to DeepSpeed as a client optimizer, so no DeepSpeed optimizer op is built (what
 `"torch_adam": true` would ask of a DeepSpeed-built Adam) and the update is torch's AdamW. ZeRO 1
 shards that optimizer's state over the ranks, ZeRO 2 the gradients too; the weights stay whole on
@@ -13,7 +13,7 @@ every rank, which is what trainer rank 0 samples and evaluates with and pushes. 
 weights) is refused: rank 0 alone samples and pushes, and gathering stage-3 weights is collective.
 
 Precision: the model keeps the dtypes the recipe gave it (`model.dtype`, the FP32 LM head of
-`recipe.precision`); DeepSpeed's "bf16" mode stays off, since it would cast the whole module.
+`recipe.model.precision`); DeepSpeed's "bf16" mode stays off, since it would cast the whole module.
 Stage 0 steps the weights as they are, exactly as `TorchTrainer`. ZeRO 1/2 flatten each parameter
 group into one buffer, so the optimizer's groups are split by dtype first, and step fp32 master
 shards of them: bf16 weights are the rounded masters.
@@ -21,7 +21,7 @@ shards of them: bf16 weights are the rounded masters.
 A rank whose share is empty (the zero-variance filter left fewer groups than ranks) still joins
 the gradient reduction: it back-propagates the loss of one row times zero.
 
-Process group: the trainers' default group when the job has one (`recipe.roles`); a one-task run
+Process group: the trainers' default group when the job has one (`recipe.pipeline`); a one-task run
 has none, and the trainer makes a one-rank group itself (gloo on CPU, NCCL on CUDA, on an
 in-process `HashStore`, so no port is taken) and destroys it in `close()` (`train()` calls it) or at exit.
 
@@ -33,7 +33,7 @@ incompatible (`deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False`, 
 DeepSpeed consults before building it) before DeepSpeed creates its backend, so CPU runs start in
 about a second.
 
-Checkpoints: `state_dict()` is collective (every trainer rank calls it, `recipe.roles.LeadTrainer`)
+Checkpoints: `state_dict()` is collective (every trainer rank calls it, `recipe.pipeline.lead.LeadTrainer`)
 and returns, on every rank, the checkpoint format of `TorchTrainer`: the model's state dict and a
 torch AdamW state dict whose per-parameter `exp_avg`/`exp_avg_sq` are gathered from the ZeRO
 shards (`deepspeed.utils.safe_get_full_optimizer_state`), in the run's own parameter groups. Under
@@ -69,11 +69,11 @@ from deepspeed.utils import (  # noqa: E402
     safe_set_full_optimizer_state,
 )
 
-from recipe import checkpoint  # noqa: E402
 from recipe.config import LossConfig  # noqa: E402
 from recipe.engines.base import TrainBatch  # noqa: E402
 from recipe.engines.torch_trainer import batch_to, shard_loss, step_metrics  # noqa: E402
-from recipe.model import completion_logprobs  # noqa: E402
+from recipe.loop import checkpoint  # noqa: E402
+from recipe.model.policy import completion_logprobs  # noqa: E402
 
 ZERO_STAGES = (0, 1, 2)
 """The ZeRO stages this trainer runs (3 shards the weights, which rank 0 needs whole)."""

@@ -6,11 +6,11 @@ cache, left-padded prompts), and every `poll` advances every running decoding by
 `chunk_tokens` tokens before it returns what finished. Between two polls the generator rank reads
 its control channel, so a weight push waits at most one chunk: `receive_weights` copies the new
 tensors into the model in place, the decodings keep their KV caches, and their next tokens are
-sampled from the new weights (`recipe.sampler.Decoding`). A sequence that ran across a push
+sampled from the new weights (`recipe.model.sampler.Decoding`). A sequence that ran across a push
 records both versions (`Sample.version_start` < `version_end`).
 
 Forced interruption (`length.control=interrupt`): a group submitted with an `Interrupt` (its
-samples' thinking budgets) decodes with it (`recipe.sampler.Decoding`): a sample still thinking at
+samples' thinking budgets) decodes with it (`recipe.model.sampler.Decoding`): a sample still thinking at
 its budget gets the phrase appended and goes on to answer; `Sample.forced` lists those positions.
 
 Behaviour log-probs: log-softmax of the fp32 logits (temperature 1, no top-p/top-k), the
@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from recipe.engines.base import Group, Sample, WeightMeta
 from recipe.engines.weights import WeightGroupSpec, generator_rank, init_weight_group, receive_into
-from recipe.sampler import Decoding, Interrupt
+from recipe.model.sampler import Decoding, Interrupt, Sampling
 
 _Item = tuple[str, tuple[int, ...], int, int, int, Interrupt | None]
 """A submitted group: id, prompt, num_samples, max_new_tokens, seed, its interrupt (or None)."""
@@ -151,13 +151,15 @@ class TorchGenerator:
         generator = torch.Generator(device=self.device).manual_seed(seed)
         decoding = Decoding(
             prompt_ids_BP,
-            max_new_tokens=max_new_tokens,
-            eos_id=self.eos_id,
-            pad_id=self.pad_id,
-            generator=generator,
-            greedy=greedy,
-            prompt_mask_BP=prompt_mask_BP,
-            interrupt=interrupt,
+            Sampling(
+                max_new_tokens=max_new_tokens,
+                eos_id=self.eos_id,
+                pad_id=self.pad_id,
+                generator=generator,
+                greedy=greedy,
+                prompt_mask_BP=prompt_mask_BP,
+                interrupt=interrupt,
+            ),
         )
         version_end_B = torch.full((prompt_ids_BP.shape[0],), self.version, dtype=torch.long)
         return _Running(decoding, [g for g, *_ in items], prompts, num_samples, self.version, version_end_B)

@@ -20,11 +20,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from recipe import checkpoint
 from recipe.config import LossConfig
 from recipe.engines.base import TrainBatch
-from recipe.losses import batch_counts, group_token_counts, log_ratio, policy_loss
-from recipe.model import completion_logprobs
+from recipe.loop import checkpoint
+from recipe.loop.losses import batch_counts, group_token_counts, log_ratio, policy_loss
+from recipe.model.policy import completion_logprobs
 
 
 def shard_loss(

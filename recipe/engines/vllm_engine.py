@@ -5,7 +5,7 @@ What it records and how it takes new weights (docs/engines.md, "The vLLM generat
 - Behaviour log-probs are vLLM's *processed* log-probs (`logprobs_mode="processed_logprobs"`,
   `SamplingParams(logprobs=0)`): the log-softmax after temperature, of the token it sampled;
   with `lm_head_fp32` the logits are fp32 (`hf_overrides={"head_dtype": "float32"}`), as the
-  trainer's (`recipe.precision.upcast_lm_head`).
+  trainer's (`recipe.model.precision.upcast_lm_head`).
 - A push runs vLLM's weight-transfer calls exactly: `pause_generation(mode="keep")` (running
   requests keep their state), `start_weight_update`, `update_weights` (joins trainer rank 0's
   broadcast), `finish_weight_update(weight_version=str(version))`, `resume_generation`. The
@@ -34,7 +34,6 @@ import asyncio
 import os
 import queue
 import random
-import socket
 import threading
 from collections.abc import Coroutine, Iterable, Sequence
 from concurrent.futures import Future
@@ -46,8 +45,9 @@ import torch
 
 from recipe.engines.base import Group, Sample, WeightMeta
 from recipe.engines.weights import TorchWeightSender, WeightGroupSpec, generator_rank, weight_meta
-from recipe.precision import vllm_dtype
-from recipe.sampler import Interrupt
+from recipe.model.precision import vllm_dtype
+from recipe.model.sampler import Interrupt
+from recipe.pipeline.rendezvous import free_port
 
 T = TypeVar("T")
 
@@ -82,7 +82,7 @@ class VllmSettings:
 
     model_dir: str
     dtype: str = "auto"
-    """`model.dtype`: auto is bfloat16 on GPU, float32 on CPU (`recipe.precision.body_dtype`)."""
+    """`model.dtype`: auto is bfloat16 on GPU, float32 on CPU (`recipe.model.precision.body_dtype`)."""
     lm_head_fp32: bool = True
     seed: int = 0
     temperature: float = 1.0
@@ -504,12 +504,6 @@ class VllmGenerator:
         if handler is not None:
             handler.cancel()
             await asyncio.gather(handler, return_exceptions=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def vllm_weight_sender(spec: WeightGroupSpec, *, device: str = "cpu") -> Any:

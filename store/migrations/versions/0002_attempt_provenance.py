@@ -4,7 +4,7 @@ Revision ID: 0002
 Revises: 0001
 Create Date: 2026-12-03 07:30:00
 
-Each attempt records where it ran and with what code (recipe/provenance.py): a JSON column.
+Each attempt records where it ran and with what code (recipe/telemetry/provenance.py): a JSON column.
 """
 
 import sqlalchemy as sa

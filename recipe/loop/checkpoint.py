@@ -1,7 +1,7 @@
 """Checkpoint files: atomic writes, the newest valid one on resume, rotation.
 
 A checkpoint is `RUN_DIR/checkpoints/step_{step:08d}.pt`, a `torch.save` of a plain dict (see
-`recipe.train.checkpoint_state` for its keys) loadable with `weights_only=True`. It is written to a
+`recipe.loop.state.checkpoint_state` for its keys) loadable with `weights_only=True`. It is written to a
 temporary file in the same directory, fsynced, then renamed over the final name, so a reader sees
 either the whole file or none. A file that still fails to load (a disk that lied, a copy cut
 short), or whose model or optimizer state does not fit the run's (another architecture, tensors

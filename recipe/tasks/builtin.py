@@ -35,10 +35,10 @@ import transformers
 from filelock import FileLock
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from recipe import tasks, tasks_think
 from recipe.config import ConfigError, cache_root
-from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer
-from recipe.sampler import decode, sample
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer
+from recipe.model.sampler import Sampling, decode, sample
+from recipe.tasks import sort6, sumk, task as tasks
 
 BUILTIN_PREFIX = "builtin:"
 BUILDER_VERSION = 1
@@ -75,7 +75,7 @@ class WarmupRecipe:
 @dataclass(frozen=True)
 class SumkWarmupRecipe(WarmupRecipe):
     """The base of the sumk family (`builtin:sumk-tiny`): worked completions of every k in
-    `tasks_think.MIN_DIGITS`..`MAX_DIGITS`, label-smoothed like sort6's (see `build_sumk_base`)."""
+    `sumk.MIN_DIGITS`..`MAX_DIGITS`, label-smoothed like sort6's (see `build_base`)."""
 
     task: str = "sumk"
     format_version: int = 2
@@ -123,7 +123,7 @@ def builtin_model_dir(name: str, recipe: WarmupRecipe, root: Path, log: Callable
         log(f"building base model {BUILTIN_PREFIX}{name} (once; cached in {final})")
         staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=models_dir))
         try:
-            (build_sumk_base if isinstance(recipe, SumkWarmupRecipe) else build_sort6_base)(recipe, staging, log)
+            build_base(recipe, staging, log)
             _make_readable(staging)
             os.rename(staging, final)
         finally:
@@ -142,15 +142,19 @@ def _make_readable(directory: Path) -> None:
 # The build
 
 
-def build_sort6_base(recipe: WarmupRecipe, out_dir: Path, log: Callable[[str], None]) -> dict[str, float]:
-    """Supervised warm-up of a fresh tiny Llama on sort6 answers; save model, tokenizer, report."""
+def build_base(recipe: WarmupRecipe, out_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """Supervised warm-up of a fresh tiny Llama on its task's answers (sort6's, or sumk's worked
+    completions); save model, tokenizer and report."""
+    on_sumk = isinstance(recipe, SumkWarmupRecipe)
+    words = sumk if on_sumk else sort6
+    warm_up, probe = (sumk_supervised_warmup, sumk_probe) if on_sumk else (supervised_warmup, probe_pass_rates)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # float sums are ordered differently with more threads
     try:
-        tokenizer = build_tokenizer(tasks.VOCABULARY, eos=tasks.EOS, pad=tasks.PAD)
+        tokenizer = build_tokenizer(words.VOCABULARY, eos=words.EOS, pad=words.PAD)
         model = build_tiny_llama(recipe.shape, tokenizer, recipe.seed)
-        supervised_warmup(model, tokenizer, recipe)
-        report = probe_pass_rates(model, tokenizer, seed=recipe.seed)
+        warm_up(model, tokenizer, recipe)
+        report = probe(model, tokenizer, seed=recipe.seed)
     finally:
         torch.set_num_threads(threads)
     model.save_pretrained(out_dir)
@@ -167,9 +171,9 @@ def build_sort6_base(recipe: WarmupRecipe, out_dir: Path, log: Callable[[str], N
 
 def supervised_warmup(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, recipe: WarmupRecipe) -> None:
     """Label-smoothed cross-entropy on the answer tokens of warm-up prompts, `recipe.num_steps` AdamW steps."""
-    prompts = tasks.sort6_warmup_prompts()
+    prompts = sort6.sort6_warmup_prompts()
     prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids
-    answer_ids = tokenizer([tasks.expected_completion(p) for p in prompts], return_tensors="pt").input_ids
+    answer_ids = tokenizer([sort6.expected_completion(p) for p in prompts], return_tensors="pt").input_ids
     rng = np.random.default_rng(recipe.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.0)
     model.train()
@@ -188,20 +192,21 @@ def supervised_warmup(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast
 
 def probe_pass_rates(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, seed: int) -> dict[str, float]:
     """Greedy and sampled (temperature 1) pass rates on the first held-out prompts."""
-    _, prompts = tasks.sort6_prompt_sets(1, NUM_PROBE_PROMPTS)
+    _, prompts = sort6.sort6_prompt_sets(1, NUM_PROBE_PROMPTS)
     prompt_ids = tokenizer(prompts, return_tensors="pt").input_ids
     rates = {}
     for mode in ("greedy", "sampled"):
         out = sample(
-            model,
-            prompt_ids,
-            max_new_tokens=tasks.SORT6_MAX_NEW_TOKENS,
-            eos_id=tokenizer.eos_token_id,
-            pad_id=tokenizer.pad_token_id,
-            generator=torch.Generator().manual_seed(seed),
-            greedy=mode == "greedy",
+            model, prompt_ids,
+            Sampling(
+                max_new_tokens=sort6.SORT6_MAX_NEW_TOKENS,
+                eos_id=tokenizer.eos_token_id,
+                pad_id=tokenizer.pad_token_id,
+                generator=torch.Generator().manual_seed(seed),
+                greedy=mode == "greedy",
+            ),
         )
-        rewards = [tasks.reward(p, c) for p, c in zip(prompts, decode(tokenizer, out))]
+        rewards = [sort6.reward(p, c) for p, c in zip(prompts, decode(tokenizer, out))]
         rates[f"{mode}_pass_rate"] = float(np.mean(rewards))
     return rates
 
@@ -213,39 +218,16 @@ def probe_pass_rates(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast,
 NUM_SUMK_WARMUP_PROMPTS = 20_000
 
 
-def build_sumk_base(recipe: WarmupRecipe, out_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    """Supervised warm-up of a fresh tiny Llama on sumk's worked completions; save model, tokenizer, report."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # float sums are ordered differently with more threads
-    try:
-        tokenizer = build_tokenizer(tasks_think.VOCABULARY, eos=tasks_think.EOS, pad=tasks_think.PAD)
-        model = build_tiny_llama(recipe.shape, tokenizer, recipe.seed)
-        sumk_supervised_warmup(model, tokenizer, recipe)
-        report = sumk_probe(model, tokenizer, seed=recipe.seed)
-    finally:
-        torch.set_num_threads(threads)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    num_params = sum(p.numel() for p in model.parameters())
-    report = {"num_params": num_params, **report, "recipe": dataclasses.asdict(recipe)}
-    (out_dir / "warmup.json").write_text(json.dumps(report, indent=2) + "\n")
-    log(
-        f"base model: {num_params} parameters, held-out pass greedy {report['greedy_pass_rate']:.3f}, "
-        f"sampled {report['sampled_pass_rate']:.3f}"
-    )
-    return report
-
-
 def sumk_supervised_warmup(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, recipe: WarmupRecipe) -> None:
     """Label-smoothed cross-entropy on the completion tokens (scratchpad, `</think>`, answer, EOS).
 
     Sequences of different lengths are right-padded (causal attention: padding after a sequence
     changes nothing before it), so positions count from each sequence's first token, as they do
-    for the left-padded prompts of RL (`recipe.sampler.padding_inputs`).
+    for the left-padded prompts of RL (`recipe.model.sampler.padding_inputs`).
     """
-    prompts = tasks_think.warmup_prompts(NUM_SUMK_WARMUP_PROMPTS, recipe.seed)
+    prompts = sumk.warmup_prompts(NUM_SUMK_WARMUP_PROMPTS, recipe.seed)
     rows = [
-        (tokenizer(p, add_special_tokens=False).input_ids, tokenizer(tasks_think.worked_completion(p)).input_ids)
+        (tokenizer(p, add_special_tokens=False).input_ids, tokenizer(sumk.worked_completion(p)).input_ids)
         for p in prompts
     ]
     width = max(len(p) + len(c) for p, c in rows)
@@ -274,23 +256,24 @@ def sumk_supervised_warmup(model: PreTrainedModel, tokenizer: PreTrainedTokenize
 def sumk_probe(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, seed: int) -> dict[str, Any]:
     """Greedy and sampled (temperature 1) pass rates on held-out prompts of the default mixture,
     overall and per k, with room for every worked completion."""
-    _, prompts = tasks_think.prompt_sets(1, NUM_PROBE_PROMPTS * 4)
-    task = tasks.Task("sumk", [], prompts, tasks_think.reward, 0)
+    _, prompts = sumk.prompt_sets(1, NUM_PROBE_PROMPTS * 4)
+    task = tasks.Task("sumk", [], prompts, sumk.reward, 0)
     prompt_ids, prompt_mask = task.encode(tokenizer, prompts)
-    ks = np.array([len(tasks_think.prompt_digits(p)) for p in prompts])
+    ks = np.array([len(sumk.prompt_digits(p)) for p in prompts])
     report: dict[str, Any] = {}
     for mode in ("greedy", "sampled"):
         out = sample(
-            model,
-            prompt_ids,
-            max_new_tokens=tasks_think.thinking_tokens(tasks_think.DEFAULT_MAX_DIGITS) + 1 + tasks_think.ANSWER_TOKENS,
-            eos_id=tokenizer.eos_token_id,
-            pad_id=tokenizer.pad_token_id,
-            generator=torch.Generator().manual_seed(seed),
-            greedy=mode == "greedy",
-            prompt_mask_BP=prompt_mask,
+            model, prompt_ids,
+            Sampling(
+                max_new_tokens=sumk.thinking_tokens(sumk.DEFAULT_MAX_DIGITS) + 1 + sumk.ANSWER_TOKENS,
+                eos_id=tokenizer.eos_token_id,
+                pad_id=tokenizer.pad_token_id,
+                generator=torch.Generator().manual_seed(seed),
+                greedy=mode == "greedy",
+                prompt_mask_BP=prompt_mask,
+            ),
         )
-        rewards = np.array([tasks_think.reward(p, c) for p, c in zip(prompts, decode(tokenizer, out))])
+        rewards = np.array([sumk.reward(p, c) for p, c in zip(prompts, decode(tokenizer, out))])
         report[f"{mode}_pass_rate"] = float(rewards.mean())
         report[f"{mode}_pass_rate_by_k"] = {int(k): float(rewards[ks == k].mean()) for k in np.unique(ks)}
     return report

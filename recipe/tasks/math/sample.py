@@ -1,8 +1,8 @@
-"""The shipped math-jsonl sample, `recipe/data/math_sample.jsonl`, and the code that writes it.
+"""The shipped math-jsonl sample, `recipe/tasks/math/math_sample.jsonl`, and the code that writes it.
 
 Small arithmetic problems the project generates itself (no download), with LaTeX gold answers in
 the forms math-verify must handle: integers, fractions, square roots, powers, intervals and sets.
-Deterministic: `python -m recipe.math_sample` rewrites the shipped file byte for byte.
+Deterministic: `python -m recipe.tasks.math.sample` rewrites the shipped file byte for byte.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 
-SAMPLE_PATH = Path(__file__).parent / "data" / "math_sample.jsonl"
+SAMPLE_PATH = Path(__file__).parent / "math_sample.jsonl"
 NUM_ROWS = 64
 SEED = 7
 INSTRUCTION = "Put the final answer in \\boxed{}."

@@ -26,10 +26,10 @@ rest only by a guess (1 in 100). That ceiling is the asymptote knob (`ceiling`).
 
 `length.control=interrupt` is real here: at a budget drawn from [interrupt_min, interrupt_max],
 a completion still thinking gets `</think>` appended and must answer. The rule is `interrupt_at`;
-generation applies it token by token in `recipe.sampler` (`Interrupt`).
+generation applies it token by token in `recipe.model.sampler` (`Interrupt`).
 
-Wired as `data.task: sumk` (`recipe.tasks.load_task`), with its built-in base model
-`builtin:sumk-tiny` (`recipe.builtin`); measured effects of the recipe's knobs on it are in
+Wired as `data.task: sumk` (`recipe.tasks.task.load_task`), with its built-in base model
+`builtin:sumk-tiny` (`recipe.tasks.builtin`); measured effects of the recipe's knobs on it are in
 docs/effects.md.
 """
 

@@ -11,7 +11,7 @@ and their backward) becomes a few generated loops around the matmuls. What keeps
 calls cheap:
 
 - they take tensors (the weights as a flat list read afresh at every call, so in-place loads and
-  optimizer steps apply at once), the packed pass's layout (`recipe.lean.Packing`) and a frozen
+  optimizer steps apply at once), the packed pass's layout (`recipe.model.packing.Packing`) and a frozen
   `Spec` of sizes: the guards torch checks at every call are a few tensor properties, not a walk
   over the model's modules;
 - the decode step's shapes do not change within a batch: attention reads all of the cache's
@@ -30,16 +30,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:
-    from recipe.lean import LeanLlama, Packing
+from recipe.model.packing import Packing
 
 _PER_LAYER = 9
-"""Weights per layer in `weights`' order: input norm, q, k, v, o, post norm, gate, up, down."""
+"""Weights per layer in `LeanLlama.weights`' order: input norm, q, k, v, o, post norm, gate, up, down."""
 
 
 @dataclass(frozen=True)
@@ -55,33 +53,6 @@ class Spec:
     final_eps: float
     embedding: tuple
     """The input table's `F.embedding` options: padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse."""
-
-    @staticmethod
-    def of(lean: LeanLlama) -> Spec:
-        attn, embed = lean.layers[0].attn, lean.embed
-        return Spec(
-            num_layers=len(lean.layers),
-            head_dim=attn.head_dim,
-            kv_groups=attn.num_key_value_groups,
-            scaling=float(attn.scaling),
-            eps=tuple(
-                (float(layer.input_norm.variance_epsilon), float(layer.post_norm.variance_epsilon))
-                for layer in lean.layers
-            ),
-            final_eps=float(lean.norm.variance_epsilon),
-            embedding=(embed.padding_idx, embed.max_norm, embed.norm_type, embed.scale_grad_by_freq, embed.sparse),
-        )
-
-
-def weights(lean: LeanLlama) -> list[torch.Tensor]:
-    """The weights the step reads, read afresh from the modules (in-place loads and optimizer
-    steps apply at once): the input table, 9 per layer, the final norm's."""
-    out = [lean.embed._parameters["weight"]]
-    for layer in lean.layers:
-        modules = (layer.input_norm, layer.q, layer.k, layer.v, layer.o, layer.post_norm, layer.gate, layer.up)
-        out.extend(m._parameters["weight"] for m in (*modules, layer.down))
-    out.append(lean.norm._parameters["weight"])
-    return out
 
 
 def _layer_weights(ws: list[torch.Tensor], index: int) -> list[torch.Tensor]:

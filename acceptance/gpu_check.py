@@ -1,7 +1,7 @@
 """The GPU check (issue 8; docs/engines.md, "GPU check"): a short RL run on the real multi-task
 path, and the throughput figures it records.
 
-    bash bench/gpu_check.sh [--smoke] [--steps N] [--out DIR] [--keep] [--vllm auto|off]
+    bash acceptance/gpu_check.sh [--smoke] [--steps N] [--out DIR] [--keep] [--vllm auto|off]
 
 Full check (one GPU, no network): a ~0.95B Llama built here from a config (random weights, the
 project's word-level sort6 tokenizer padded to a 32,000-token vocabulary), trained for a few
@@ -9,12 +9,15 @@ dozen steps with the torch engine on CUDA (`model.dtype: bfloat16`, `precision.l
 true`) as a 2-task run: trainer rank 0 and one torch generator rank in separate processes on the
 one GPU (`engine.generator_ranks: 1`, `async.mode: pipeline`, k = 2). The tasks are started the
 way a local launcher starts them (SWEEP_NUM_TASKS / SWEEP_TASK_RANK, read by
-`recipe.roles.task_env`); task 0 runs `recipe.train.train` with a `recipe.roles.LeadTeam` and
-records into a SQLite store, task 1 runs `recipe.roles.run_peer`. `--smoke`: the same path on
+`recipe.pipeline.env.task_env`); task 0 runs `recipe.loop.train.train` with a `recipe.pipeline.lead.LeadTeam` and
+records into a SQLite store, task 1 runs `recipe.pipeline.peer.run_peer`. `--smoke`: the same path on
 CPU with the built-in tiny shape, in well under 3 minutes on 2 cores.
 
-Stdout is the report, one `key: value [unit]` line each, then `PASS` or `FAIL: reasons`
-(docs/engines.md lists every key). Progress goes to stderr; each task's log to OUT/logs/.
+Stdout shows the report to a person, one `key: value [unit]` line each, then `PASS` or
+`FAIL: reasons` (docs/engines.md lists every key); libraries may log there too. `--report FILE`
+writes the same report as JSON, `{"fields": {key: value}, "verdict": ...}`, rewritten after every
+line (a check cut short leaves what it had measured, with verdict null): the channel a program
+reads. Progress goes to stderr; each task's log to OUT/logs/.
 """
 
 from __future__ import annotations
@@ -108,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                              "(auto: on for the full check, off for --smoke)")  # fmt: skip
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_PEAK_FLOPS / 1e12,
                         help="bf16 dense peak of the GPU for the MFU (default: H200, 989)")  # fmt: skip
+    parser.add_argument("--report", type=Path, help="also write the report as JSON to this file (what a program reads)")
     parser.add_argument("--task", help=argparse.SUPPRESS)
     parser.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -126,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or Path(tempfile.mkdtemp(prefix="gpu_check-"))
     out.mkdir(parents=True, exist_ok=True)
-    report = Report()
+    report = Report(args.report)
     try:
         check(settings, out.resolve(), args, report)
     except Exception as exc:  # noqa: BLE001 - the verdict line names it; the traceback goes to stderr
@@ -137,19 +141,33 @@ def main(argv: list[str] | None = None) -> int:
             import shutil
 
             shutil.rmtree(out, ignore_errors=True)
-    print("PASS" if not report.failures else "FAIL: " + "; ".join(report.failures), flush=True)
+    report.finish()
     return 0 if not report.failures else 1
 
 
 class Report:
     """The report's lines, printed as they come (a check cut short still shows what it had
-    measured), and the reasons it fails."""
+    measured) and kept in the JSON file if there is one, and the reasons it fails."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path | None = None) -> None:
         self.failures: list[str] = []
+        self.path, self.fields = path, dict[str, str]()
+        self.verdict: str | None = None
+        self._write()
 
     def add(self, key: str, value: str) -> None:
         print(f"{key}: {value}", flush=True)
+        self.fields[key] = value
+        self._write()
+
+    def finish(self) -> None:
+        self.verdict = "PASS" if not self.failures else "FAIL: " + "; ".join(self.failures)
+        print(self.verdict, flush=True)
+        self._write()
+
+    def _write(self) -> None:
+        if self.path is not None:
+            _write_json(self.path, {"fields": self.fields, "verdict": self.verdict})
 
     def add_all(self, pairs: list[tuple[str, str]]) -> None:
         for key, value in pairs:
@@ -161,7 +179,7 @@ def preflight(settings: Settings) -> str | None:
     missing = [f"{dist} (import {mod})" for mod, dist in REQUIRED.items() if not importable(mod)]
     if missing:
         return (
-            f"missing Python packages: {', '.join(missing)}; put their wheels in bench/wheels/ "
+            f"missing Python packages: {', '.join(missing)}; put their wheels in acceptance/wheels/ "
             "(docs/engines.md, GPU check)"
         )
     import torch
@@ -212,12 +230,12 @@ def build_model(settings: Settings, directory: Path, device: str) -> ModelInfo:
     """A Llama of the mode's shape with random weights and a local tokenizer, saved in bf16."""
     import torch
 
-    from recipe import tasks
-    from recipe.model import TinyLlamaShape, build_tiny_llama, build_tokenizer, matmul_param_count
+    from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, matmul_param_count
+    from recipe.tasks import sort6
 
-    extra = settings.vocab_size - len(tasks.VOCABULARY)
-    vocabulary = (*tasks.VOCABULARY, *(f"<extra_{i}>" for i in range(max(0, extra))))
-    tokenizer = build_tokenizer(vocabulary, eos=tasks.EOS, pad=tasks.PAD)
+    extra = settings.vocab_size - len(sort6.VOCABULARY)
+    vocabulary = (*sort6.VOCABULARY, *(f"<extra_{i}>" for i in range(max(0, extra))))
+    tokenizer = build_tokenizer(vocabulary, eos=sort6.EOS, pad=sort6.PAD)
     shape = TinyLlamaShape(
         hidden_size=settings.hidden_size,
         intermediate_size=settings.intermediate_size,
@@ -257,6 +275,7 @@ def recipe_config(settings: Settings, model_dir: Path, generator: str) -> dict[s
             "engine.trainer": "torch",
             "engine.generator_ranks": 1,
             "engine.threads": settings.threads,
+            "engine.peer_timeout_s": float(min(240, settings.deadline_s)),
             "async.mode": "pipeline",
             "async.max_lag": MAX_LAG,
             "batch.prompts": settings.prompts,
@@ -296,7 +315,7 @@ class StoreHandle:
 def open_store(out: Path) -> StoreHandle:
     missing = [dist for mod, dist in STORE_MODULES.items() if not importable(mod)]
     if missing:
-        return StoreHandle(None, f"not importable: {', '.join(missing)}; carry their wheels in bench/wheels/")
+        return StoreHandle(None, f"not importable: {', '.join(missing)}; carry their wheels in acceptance/wheels/")
     from store import Store
 
     url = f"sqlite:///{out / 'gpu_check.db'}"
@@ -460,7 +479,6 @@ def start_and_wait(spec_path: Path, logs: Path, label: str, *, num_tasks: int, d
             "SWEEP_NUM_TASKS": str(num_tasks),
             "SWEEP_TASK_RANK": str(rank),
             "SWEEP_ATTEMPT": f"{label}-{os.getpid()}",
-            "SWEEP_PEER_TIMEOUT_S": str(int(min(240, settings.deadline_s))),
             "SWEEP_CACHE": str(spec_path.parent / "cache"),
             "HF_HUB_OFFLINE": "1",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
@@ -599,22 +617,23 @@ def error_line(exc: BaseException) -> str:
 def peer(spec: dict[str, Any], report: dict[str, Any], report_path: Path) -> None:
     import torch
 
-    from recipe import roles
     from recipe.config import RecipeConfig
+    from recipe.pipeline.env import device_for, task_env
+    from recipe.pipeline.peer import run_peer
 
-    cfg, env = RecipeConfig.from_dict(spec["config"]), roles.task_env()
+    cfg, env = RecipeConfig.from_dict(spec["config"]), task_env()
     if cfg.engine.generator == "torch":
-        report["generator_device"] = str(roles.device_for(env))  # where build_generator puts its model
+        report["generator_device"] = str(device_for(env))  # where build_generator puts its model
     else:
         report["generator_device"] = "cuda" if torch.cuda.is_available() else "cpu"  # vLLM's own choice
     _write_json(report_path, report)  # in case the run never ends
-    report["done"] = roles.run_peer(cfg, Path(spec["run_dir"]), env, task_log)
+    report["done"] = run_peer(cfg, Path(spec["run_dir"]), env, task_log)
 
 
 def lead(spec: dict[str, Any], report: dict[str, Any]) -> None:
     """Trainer rank 0 as `recipe.job.main` runs it: an attempt in the store, a `StoreSink`, the
     run under a `LeadTeam` (or a `MemorySink` when the store's packages are missing)."""
-    from recipe.sink import MemorySink
+    from recipe.telemetry.sinks import MemorySink
 
     if not spec["db_url"]:
         sink = MemorySink()
@@ -622,7 +641,7 @@ def lead(spec: dict[str, Any], report: dict[str, Any]) -> None:
         report["metrics"] = {str(k): v for k, v in sink.metrics.items()}
         report["eval_steps"] = sorted(sink.eval_points)
         return
-    from recipe.storesink import StoreSink
+    from recipe.telemetry.store_sink import StoreSink
     from store import RunState, Store
 
     store = Store(spec["db_url"])
@@ -640,23 +659,25 @@ def lead(spec: dict[str, Any], report: dict[str, Any]) -> None:
 
 
 def train_lead(spec: dict[str, Any], sink: Any, report: dict[str, Any]) -> dict[str, Any]:
-    """`recipe.train.train` with the run's other task as its team; the outcome."""
-    from recipe import roles, train
+    """`recipe.loop.train.train` with the run's other task as its team; the outcome."""
     from recipe.config import RecipeConfig
+    from recipe.loop.train import train
+    from recipe.pipeline.env import layout_of, task_env
+    from recipe.pipeline.lead import LeadTeam
 
-    cfg, run_dir, env = RecipeConfig.from_dict(spec["config"]), Path(spec["run_dir"]), roles.task_env()
-    team = checked_team(roles.LeadTeam)(cfg, run_dir, env, roles.layout_of(cfg, env), task_log)
+    cfg, run_dir, env = RecipeConfig.from_dict(spec["config"]), Path(spec["run_dir"]), task_env()
+    team = checked_team(LeadTeam)(cfg, run_dir, env, layout_of(cfg, env), task_log)
     team.require_cuda = spec["require_cuda"]
     try:
         with team:
-            outcome = train.train(cfg, run_dir, sink, log=task_log, team=team)
+            outcome = train(cfg, run_dir, sink, log=task_log, team=team)
     finally:
         report["trainer_device"] = team.trainer_device
     return dataclasses.asdict(outcome)
 
 
 def checked_team(lead_team: type) -> type:
-    """`recipe.roles.LeadTeam` that notes where the trainer's policy is, and refuses a CPU
+    """`recipe.pipeline.lead.LeadTeam` that notes where the trainer's policy is, and refuses a CPU
     trainer when the check needs CUDA (before a ~1B model trains on the CPU for hours)."""
 
     class CheckedTeam(lead_team):
@@ -668,7 +689,7 @@ def checked_team(lead_team: type) -> type:
             if self.require_cuda and not self.trainer_device.startswith("cuda"):
                 raise RuntimeError(
                     f"the trainer's policy is on {self.trainer_device} although CUDA is available "
-                    "(recipe.train.initial_state places it with recipe.train.policy_device)"
+                    "(recipe.loop.state.initial_state places it with recipe.loop.state.policy_device)"
                 )
             return super().lead(trainer)
 
@@ -678,15 +699,15 @@ def checked_team(lead_team: type) -> type:
 def standalone_vllm(spec: dict[str, Any]) -> int:
     """vLLM alone: the same prompt groups, B at a time, as the run's generator gets them; its
     completion tokens per second of generation (the first round is warm-up)."""
-    from recipe import tasks as tasks_mod
     from recipe.config import RecipeConfig
     from recipe.engines.vllm_engine import VllmGenerator, settings_from_config
+    from recipe.tasks import sort6
     from transformers import PreTrainedTokenizerFast
 
     cfg, settings = RecipeConfig.from_dict(spec["config"]), Settings(**spec["settings"])
     tokenizer = PreTrainedTokenizerFast.from_pretrained(cfg.model.path)
     rounds = 3 if settings.mode == "smoke" else 6
-    prompts, _ = tasks_mod.sort6_prompt_sets(settings.prompts * rounds, 1)
+    prompts, _ = sort6.sort6_prompt_sets(settings.prompts * rounds, 1)
     ids = [tokenizer(p).input_ids for p in prompts]
     engine = VllmGenerator(settings_from_config(cfg, cfg.model.path))
     tokens, seconds = 0, 0.0
@@ -695,7 +716,7 @@ def standalone_vllm(spec: dict[str, Any]) -> int:
             batch = ids[round_ * settings.prompts : (round_ + 1) * settings.prompts]
             started = time.perf_counter()
             groups = engine.generate(batch, num_samples=settings.generations,
-                                     max_new_tokens=tasks_mod.SORT6_MAX_NEW_TOKENS, seed=round_ * 10_000)  # fmt: skip
+                                     max_new_tokens=sort6.SORT6_MAX_NEW_TOKENS, seed=round_ * 10_000)  # fmt: skip
             if round_:
                 seconds += time.perf_counter() - started
                 tokens += sum(len(s.token_ids) for g in groups for s in g)

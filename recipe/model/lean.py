@@ -29,9 +29,10 @@ the same order, with the same shapes, on the same parameters, so its logits, its
   the same `torch.cat` without one); a decoding that can no longer take the lean path hands it
   over as a real `DynamicCache` (`LeanCache.to_dynamic`).
 - Rows that repeat the prompt of the row before them (a group's G samples) share one prefill
-  (`prefill_shared`): a row's matmul, attention and norm results do not depend on the other rows
-  of the batch, so the logits and the cache are those of the whole batch's prefill, bit for bit,
-  for 1/G of its arithmetic. The sampler runs in inference mode (`recipe.sampler`).
+  (`prefill_shared`): the logits and the cache of the whole batch's prefill for 1/G of its
+  arithmetic, bit for bit where the CPU's kernels sum a matmul's rows the same way for G times
+  fewer rows (AMD EPYC here), a few ulps apart where they block by row count (Intel Xeons;
+  tests/test_lean.py states the budget). The sampler runs in inference mode (`recipe.model.sampler`).
 
 Nothing is copied: every weight is read from its module at every call, so in-place loads
 (`load_state_dict`, `copy_`), optimizer steps and even replaced parameters apply at once. No
@@ -42,12 +43,12 @@ Two paths are *not* bit for bit, and are taken only when asked for: `shared_pref
 trainer's pass with each prompt computed once for its group (`engine.kernels=fast`, and compiled
 with `compiled`), and `decode_compiled` (`engine.kernels=compiled`). Each is the same function, up
 to fp32 rounding (tests/test_lean.py bounds the differences). The pieces every path shares (the
-norm, the rotary embedding, the packed pass) are functions of tensors in `recipe.compiled`.
+norm, the rotary embedding, the packed pass) are functions of tensors in `recipe.model.compiled`.
 
 Only what it reproduces exactly is taken; `lean_llama` returns None otherwise and the callers use
 transformers: exactly a `LlamaForCausalLM` with the SDPA attention, default RoPE, no biases, SiLU,
 no pretraining_tp, no forward hooks (module or global), no replaced forwards (except the FP32 head
-of `recipe.precision.upcast_lm_head`, which is called as it is), no gradient checkpointing, and
+of `recipe.model.precision.upcast_lm_head`, which is called as it is), no gradient checkpointing, and
 no attention dropout in training mode. Left-padded rows (math-jsonl's prompt mask) always take
 transformers.
 
@@ -60,13 +61,13 @@ from __future__ import annotations
 import os
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as nn_module
 
-from recipe import compiled as compiled_kernels
+from recipe.model import compiled as compiled_kernels
+from recipe.model.packing import Packing, RowGroups
 
 _LEAN: weakref.WeakKeyDictionary[torch.nn.Module, LeanLlama | None] = weakref.WeakKeyDictionary()
 
@@ -239,7 +240,33 @@ class LeanLlama:
                 if type(linear) is not torch.nn.Linear or linear.bias is not None:
                     return
         self._structure_ok = True
-        self.spec = compiled_kernels.Spec.of(self)  # the sizes `recipe.compiled` takes
+        self.spec = self._spec()  # the sizes `recipe.model.compiled` takes
+
+    def _spec(self) -> compiled_kernels.Spec:
+        """The sizes and constants `recipe.model.compiled` takes."""
+        attn, embed = self.layers[0].attn, self.embed
+        return compiled_kernels.Spec(
+            num_layers=len(self.layers),
+            head_dim=attn.head_dim,
+            kv_groups=attn.num_key_value_groups,
+            scaling=float(attn.scaling),
+            eps=tuple(
+                (float(layer.input_norm.variance_epsilon), float(layer.post_norm.variance_epsilon))
+                for layer in self.layers
+            ),
+            final_eps=float(self.norm.variance_epsilon),
+            embedding=(embed.padding_idx, embed.max_norm, embed.norm_type, embed.scale_grad_by_freq, embed.sparse),
+        )
+
+    def weights(self) -> list[torch.Tensor]:
+        """The weights the step reads, read afresh from the modules (in-place loads and optimizer
+        steps apply at once): the input table, 9 per layer, the final norm's."""
+        out = [self.embed._parameters["weight"]]
+        for layer in self.layers:
+            modules = (layer.input_norm, layer.q, layer.k, layer.v, layer.o, layer.post_norm, layer.gate, layer.up)
+            out.extend(m._parameters["weight"] for m in (*modules, layer.down))
+        out.append(self.norm._parameters["weight"])
+        return out
 
     def applies(self) -> bool:
         """Checked at every forward: hooks, replaced modules or forwards, attention implementation,
@@ -376,7 +403,7 @@ class LeanLlama:
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.head
-        if "forward" in head.__dict__:  # the FP32 head (recipe.precision): its forward, as it is
+        if "forward" in head.__dict__:  # the FP32 head (recipe.model.precision): its forward, as it is
             return head.forward(hidden)
         return F.linear(hidden, head._parameters["weight"])
 
@@ -405,14 +432,14 @@ class LeanLlama:
 
     def decode_compiled(self, cache: LeanCache, token_B: torch.Tensor) -> torch.Tensor:
         """`extend(cache, token_B[:, None])[:, -1]` with the step through `torch.compile`
-        (`engine.kernels=compiled`; `recipe.compiled`): the same function, rounded differently."""
+        (`engine.kernels=compiled`; `recipe.model.compiled`): the same function, rounded differently."""
         if cache.capacity is None or cache.keys[0] is None:
             raise ValueError("a compiled decode step needs a prefilled cache with a capacity")
         position = cache.length
         if position >= cache.capacity:
             raise ValueError(f"the lean cache holds {cache.capacity} positions; position {position} was written")
         cos, sin = self._rope(position, 1, cache.keys[0].dtype, token_B.device)
-        step, weights = compiled_kernels.compiled_decode_step(), compiled_kernels.weights(self)
+        step, weights = compiled_kernels.compiled_decode_step(), self.weights()
         hidden_BD = step(weights, cache.keys, cache.values, token_B, torch.tensor(position), cos, sin, self.spec)
         cache.length += 1
         return self._head(hidden_BD)
@@ -446,120 +473,20 @@ class LeanLlama:
         relative; tests/test_lean.py).
 
         compiled (`engine.kernels=compiled`): the pass before the head through `torch.compile`
-        (`recipe.compiled.packed_pass`: its elementwise work fused into a few generated kernels).
+        (`recipe.model.compiled.packed_pass`: its elementwise work fused into a few generated kernels).
         """
-        packing = Packing.of(self, prompt_ids_BP, tokens_BT, groups)
+        dtype, device = self.embed._parameters["weight"].dtype, tokens_BT.device
+        cos, sin = self._rope(0, prompt_ids_BP.shape[1] + tokens_BT.shape[1] - 1, dtype, device)
+        packing = Packing.of(prompt_ids_BP, tokens_BT, groups, cos, sin)
         if not compiled:
             return self.packed_logits(packing)
-        hidden_BTD = compiled_kernels.compiled_packed_pass()(compiled_kernels.weights(self), packing, self.spec)
+        hidden_BTD = compiled_kernels.compiled_packed_pass()(self.weights(), packing, self.spec)
         return self._head(hidden_BTD)
 
     def packed_logits(self, packing: Packing) -> torch.Tensor:
         """`shared_prefix_logits` as torch operations that autograd records (SDPA attention)."""
-        hidden_BTD = compiled_kernels.packed_pass(compiled_kernels.weights(self), packing, self.spec, sdpa=True)
+        hidden_BTD = compiled_kernels.packed_pass(self.weights(), packing, self.spec, sdpa=True)
         return self._head(hidden_BTD)
-
-
-@dataclass(frozen=True)
-class Packing:
-    """Where `shared_prefix_logits` puts each position: the U groups' P prompt positions first,
-    group after group, then the B rows' T-1 completion inputs, row after row (N in all)."""
-
-    ids_N: torch.Tensor
-    cos_N1D: torch.Tensor
-    """Per packed position, its rotary cos (and below its signed sin, see `LeanLlama._rope`)."""
-    sin_N1D: torch.Tensor
-    groups: RowGroups
-    num_groups: int
-    prompt_len: int
-    num_rows: int
-    new_len: int
-    """Completion inputs per row: T - 1."""
-
-    @staticmethod
-    def of(lean: LeanLlama, prompt_ids_BP: torch.Tensor, tokens_BT: torch.Tensor, groups: RowGroups) -> Packing:
-        prompt_UP = prompt_ids_BP.index_select(0, groups.first_U)
-        (num_groups, prompt_len), (num_rows, num_new) = prompt_UP.shape, tokens_BT.shape
-        new_len, device = num_new - 1, tokens_BT.device
-        ids_N = torch.cat([prompt_UP.reshape(-1), tokens_BT[:, :-1].reshape(-1)])
-        positions = torch.cat(
-            [
-                torch.arange(prompt_len, device=device).repeat(num_groups),
-                torch.arange(prompt_len, prompt_len + new_len, device=device).repeat(num_rows),
-            ]
-        )
-        dtype = lean.embed._parameters["weight"].dtype
-        cos, sin = lean._rope(0, prompt_len + new_len, dtype, device)
-        cos, sin = cos[0, 0].index_select(0, positions)[:, None], sin[0, 0].index_select(0, positions)[:, None]
-        return Packing(ids_N, cos, sin, groups, num_groups, prompt_len, num_rows, new_len)
-
-    @property
-    def split(self) -> int:
-        """The number of prompt positions (the completions' start)."""
-        return self.num_groups * self.prompt_len
-
-    def prompts(self, t: torch.Tensor) -> torch.Tensor:
-        """[N, heads, D] -> the prompt positions as [U, heads, P, D]."""
-        return t[: self.split].view(self.num_groups, self.prompt_len, *t.shape[1:]).transpose(1, 2)
-
-    def completions(self, t: torch.Tensor) -> torch.Tensor:
-        """[N, heads, D] -> the completion positions as [B, heads, T-1, D]."""
-        return t[self.split :].view(self.num_rows, self.new_len, *t.shape[1:]).transpose(1, 2)
-
-    @staticmethod
-    def packed(t: torch.Tensor) -> torch.Tensor:
-        """[rows, heads, length, D] -> [rows * length, heads * D]."""
-        return t.transpose(1, 2).reshape(-1, t.shape[1] * t.shape[3])
-
-    def completion_mask(self) -> torch.Tensor:
-        """[T-1, P+T-1], True where a completion input sees: its prompt and the completion inputs
-        up to itself."""
-        device = self.ids_N.device
-        queries = torch.arange(self.prompt_len, self.prompt_len + self.new_len, device=device)
-        return torch.arange(self.prompt_len + self.new_len, device=device)[None, :] <= queries[:, None]
-
-    def predicting(self, hidden_ND: torch.Tensor) -> torch.Tensor:
-        """[B, T, hidden]: the positions whose logits predict the T tokens: each group's last prompt
-        position (for every row of the group), then the row's completion inputs."""
-        last_BD = self.groups.spread(hidden_ND[self.prompt_len - 1 : self.split : self.prompt_len])[:, None]
-        completion_BTD = hidden_ND[self.split :].view(self.num_rows, self.new_len, hidden_ND.shape[-1])
-        return torch.cat([last_BD, completion_BTD], dim=1)
-
-
-@dataclass(frozen=True)
-class RowGroups:
-    """Rows that repeat the row before them, as a batch of prompt groups has them."""
-
-    first_U: torch.Tensor
-    """The first row of each run of equal rows."""
-    rows_B: torch.Tensor
-    """Per row, the index (into `first_U`) of its run."""
-    size: int | None
-    """The length of every run where they are all the same (a batch of groups), else None."""
-
-    def spread(self, per_group: torch.Tensor) -> torch.Tensor:
-        """`per_group` [U, ...] row by row [B, ...]: each row gets its run's (a broadcast copy for
-        runs of one size, cheaper than the gather of `index_select` and with the same values)."""
-        if self.size is None:
-            return per_group.index_select(0, self.rows_B)
-        num_groups, *rest = per_group.shape
-        return per_group.unsqueeze(1).expand(num_groups, self.size, *rest).reshape(num_groups * self.size, *rest)
-
-    @staticmethod
-    def of(ids_BP: torch.Tensor) -> RowGroups | None:
-        """The runs of equal consecutive rows of `ids_BP`; None when no row repeats the one before."""
-        if ids_BP.shape[0] < 2:
-            return None
-        starts_B = torch.ones(ids_BP.shape[0], dtype=torch.bool, device=ids_BP.device)
-        starts_B[1:] = (ids_BP[1:] != ids_BP[:-1]).any(dim=1)
-        first_U = starts_B.nonzero().squeeze(1)
-        if first_U.shape[0] == ids_BP.shape[0]:
-            return None
-        num_rows, num_groups = ids_BP.shape[0], first_U.shape[0]
-        size = num_rows // num_groups
-        evenly = torch.arange(0, num_rows, size, device=ids_BP.device)
-        uniform = num_rows % num_groups == 0 and bool((first_U == evenly).all())
-        return RowGroups(first_U, starts_B.cumsum(0) - 1, size if uniform else None)
 
 
 def _sdpa_interface() -> Callable:

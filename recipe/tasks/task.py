@@ -1,21 +1,15 @@
-"""Verifiable tasks: prompts, held-out prompts and a reward function.
+"""Verifiable tasks: prompts, held-out prompts and a reward function (`Task`), by `data.task`.
 
-sort6, the built-in task, asks for the six digits of two 3-digit numbers in ascending order:
+sort6 (`recipe.tasks.sort6`), the built-in task, asks for the six digits of two 3-digit numbers
+in ascending order.
 
-    prompt      4 7 1 + 9 0 3 =
-    completion  0 1 3 4 7 9 </s>
-
-Text is whitespace-separated symbols, one token each, so the word-level tokenizer built in
-`recipe.model` maps it one to one. The reward is 1 for an exact match (the EOS included) and 0
-otherwise; a wrong length, a missing EOS or a wrong digit all score 0.
-
-sumk (`recipe.tasks_think`) has a thinking phase and a length ceiling: the sum modulo 10 of k
+sumk (`recipe.tasks.sumk`) has a thinking phase and a length ceiling: the sum modulo 10 of k
 digits, worked out as running sums inside `<think>...</think>`; k is mixed over
 [data.sumk_min_digits, data.sumk_max_digits].
 
 math-jsonl reads `{prompt, answer}` rows from JSONL files (`data.train`, `data.valid`; docs/math.md).
 Each prompt is a user message rendered with the model's own chat template, and generation starts
-inside an open thinking block; the reward is `recipe.math.score_math`.
+inside an open thinking block; the reward is `recipe.tasks.math.score.score_math`.
 """
 
 from __future__ import annotations
@@ -28,26 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from recipe import math as math_check
-from recipe import tasks_think
-from recipe.config import SORT6_MAX_NEW_TOKENS, ConfigError, DataConfig, NotAvailableError
-
-PAD = "<pad>"
-EOS = "</s>"
-SEPARATOR = "+"
-ANSWER_MARK = "="
-DIGITS = tuple(str(d) for d in range(10))
-VOCABULARY = (PAD, EOS, *DIGITS, SEPARATOR, ANSWER_MARK)
-"""Every symbol of sort6; the position of a symbol is its token id."""
-
-"""Six digits and EOS: a completion that has not ended by then is truncated."""
-
-NUM_NUMBERS = 900
-"""3-digit numbers: 100..999."""
-SPLIT_SEED = 20251014
-"""Fixed, so every run of every sweep sees the same train and held-out prompts."""
-NUM_WARMUP_PROMPTS = 20_000
-"""Reserved for the built-in model's supervised warm-up: never a train or held-out prompt."""
+from recipe.config import ConfigError, DataConfig, NotAvailableError
+from recipe.tasks import sort6
+from recipe.tasks import sumk
+from recipe.tasks.math import score as math_check
+from recipe.tasks.math.data import MathRow, read_math_jsonl
 
 
 @dataclass(frozen=True)
@@ -101,32 +80,32 @@ def load_task(data: DataConfig) -> Task:
         return math_task(data)
     if data.task == "sumk":
         return sumk_task(data)
-    train, valid = sort6_prompt_sets(data.num_train_prompts, data.num_valid_prompts)
-    return Task("sort6", train, valid, reward, SORT6_MAX_NEW_TOKENS)
+    train, valid = sort6.sort6_prompt_sets(data.num_train_prompts, data.num_valid_prompts)
+    return Task("sort6", train, valid, sort6.reward, sort6.SORT6_MAX_NEW_TOKENS)
 
 
 def sumk_task(data: DataConfig) -> Task:
     """sumk with k uniform on [data.sumk_min_digits, data.sumk_max_digits]; its own cap is the
     longest worked completion (k + 4 tokens), so a larger `length.max_new_tokens` changes nothing."""
-    train, valid = tasks_think.prompt_sets(
+    train, valid = sumk.prompt_sets(
         data.num_train_prompts, data.num_valid_prompts, data.sumk_min_digits, data.sumk_max_digits
     )
     return Task(
         "sumk",
         train,
         valid,
-        tasks_think.reward,
+        sumk.reward,
         sumk_max_new_tokens(data.sumk_max_digits),
-        think_close=tasks_think.THINK_CLOSE,
-        interrupt_phrase=tasks_think.THINK_CLOSE,
-        answer_tokens=tasks_think.ANSWER_TOKENS,
-        difficulty=lambda prompt: len(tasks_think.prompt_digits(prompt)),
+        think_close=sumk.THINK_CLOSE,
+        interrupt_phrase=sumk.THINK_CLOSE,
+        answer_tokens=sumk.ANSWER_TOKENS,
+        difficulty=lambda prompt: len(sumk.prompt_digits(prompt)),
     )
 
 
 def sumk_max_new_tokens(max_digits: int) -> int:
     """The worked completion of the longest problem: its scratchpad, `</think>`, answer, EOS."""
-    return tasks_think.thinking_tokens(max_digits) + 1 + tasks_think.ANSWER_TOKENS
+    return sumk.thinking_tokens(max_digits) + 1 + sumk.ANSWER_TOKENS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,7 +150,7 @@ def math_task(data: DataConfig) -> Task:
     )
 
 
-def math_split(data: DataConfig) -> tuple[list[math_check.MathRow], list[math_check.MathRow]]:
+def math_split(data: DataConfig) -> tuple[list[MathRow], list[MathRow]]:
     """Train and held-out rows: at most `data.num_train_prompts` and `data.num_valid_prompts`.
 
     Rows are taken in the order of a fixed permutation of each file (the same on every machine,
@@ -179,9 +158,9 @@ def math_split(data: DataConfig) -> tuple[list[math_check.MathRow], list[math_ch
     `data.train`, the held-out rows come first in that order and the train rows are the rest, so
     the two sets are disjoint.
     """
-    valid_all = math_check.read_math_jsonl(data.valid, "data.valid")
+    valid_all = read_math_jsonl(data.valid, "data.valid")
     same = Path(data.train).expanduser().resolve() == Path(data.valid).expanduser().resolve()
-    train_all = valid_all if same else math_check.read_math_jsonl(data.train, "data.train")
+    train_all = valid_all if same else read_math_jsonl(data.train, "data.train")
     valid_order = _row_order(len(valid_all))
     valid = [valid_all[i] for i in valid_order[: data.num_valid_prompts]]
     if same:
@@ -198,7 +177,7 @@ def math_split(data: DataConfig) -> tuple[list[math_check.MathRow], list[math_ch
 
 
 def _row_order(num_rows: int) -> list[int]:
-    return [int(i) for i in np.random.default_rng(SPLIT_SEED).permutation(num_rows)]
+    return [int(i) for i in np.random.default_rng(sort6.SPLIT_SEED).permutation(num_rows)]  # sort6's fixed seed
 
 
 def render_chat_prompt(tokenizer: Any, problem: str) -> str:
@@ -212,56 +191,3 @@ def render_chat_prompt(tokenizer: Any, problem: str) -> str:
     )
     # Templates that do not open the thinking block themselves (Qwen3's) get it opened here.
     return text if text.rstrip().endswith(math_check.THINK_OPEN) else text + math_check.THINK_OPEN + "\n"
-
-
-def make_prompt(a: int, b: int) -> str:
-    """The prompt for the pair (a, b) of 3-digit numbers."""
-    for number in (a, b):
-        if not 100 <= number <= 999:
-            raise ValueError(f"sort6 takes 3-digit numbers, got {number}")
-    return " ".join([*str(a), SEPARATOR, *str(b), ANSWER_MARK])
-
-
-def expected_completion(prompt: str) -> str:
-    """The one completion that earns reward 1."""
-    digits = [s for s in prompt.split() if s in DIGITS]
-    if len(digits) != 6:
-        raise ValueError(f"not a sort6 prompt: {prompt!r}")
-    return " ".join([*sorted(digits), EOS])
-
-
-def reward(prompt: str, completion: str) -> float:
-    """1.0 when `completion` is the prompt's six digits in ascending order followed by EOS."""
-    return 1.0 if completion.split() == expected_completion(prompt).split() else 0.0
-
-
-def sort6_prompt_sets(num_train: int, num_valid: int) -> tuple[list[str], list[str]]:
-    """Disjoint train and held-out prompt lists, the same on every machine.
-
-    Both come from one fixed permutation of all 810,000 pairs: the held-out set is its first
-    `num_valid` pairs, the train set the next `num_train`, so the held-out set does not depend on
-    the size of the train set. The permutation's tail is the warm-up's (`sort6_warmup_prompts`).
-    """
-    if num_train < 1 or num_valid < 1:
-        raise ValueError(f"data.num_train_prompts={num_train} and data.num_valid_prompts={num_valid} must be >= 1")
-    available = NUM_NUMBERS**2 - NUM_WARMUP_PROMPTS
-    if num_train + num_valid > available:
-        raise ValueError(
-            f"data.num_train_prompts + data.num_valid_prompts = {num_train + num_valid} exceeds the "
-            f"{available} sort6 prompts available (the rest are the warm-up's)"
-        )
-    prompts = _prompts(_split_order()[: num_valid + num_train])
-    return prompts[num_valid:], prompts[:num_valid]
-
-
-def sort6_warmup_prompts() -> list[str]:
-    """The prompts of the built-in model's supervised warm-up, disjoint from every RL prompt set."""
-    return _prompts(_split_order()[-NUM_WARMUP_PROMPTS:])
-
-
-def _split_order() -> np.ndarray:
-    return np.random.default_rng(SPLIT_SEED).permutation(NUM_NUMBERS**2)
-
-
-def _prompts(pair_indices: np.ndarray) -> list[str]:
-    return [make_prompt(100 + int(i) // NUM_NUMBERS, 100 + int(i) % NUM_NUMBERS) for i in pair_indices]

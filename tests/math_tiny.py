@@ -4,7 +4,7 @@ For CPU tests of the math-jsonl task (docs/math.md): it runs the task's whole pa
 template, left-padded prompts of different lengths, a thinking block, boxed-answer scoring) in
 seconds. It is untrained, so its reward is about 0. Built offline with the `tokenizers` library:
 
-    python -m recipe.math_tiny OUT_DIR
+    python tests/math_tiny.py OUT_DIR
 
 The tokenizer has one token per printable ASCII character (plus newline and tab), special tokens
 for the chat roles and the thinking block, and `<unk>` for anything else. Its chat template
@@ -21,7 +21,7 @@ from pathlib import Path
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from recipe.model import TinyLlamaShape, build_tiny_llama
+from recipe.model.policy import TinyLlamaShape, build_tiny_llama
 
 PAD, UNK, EOS = "<pad>", "<unk>", "</s>"
 SPECIAL = (PAD, UNK, EOS, "<think>", "</think>", "<|system|>", "<|user|>", "<|assistant|>")
@@ -64,5 +64,5 @@ def build_math_tiny(out_dir: Path, seed: int = 0) -> Path:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m recipe.math_tiny OUT_DIR")
+        sys.exit("usage: python tests/math_tiny.py OUT_DIR")
     print(build_math_tiny(Path(sys.argv[1])))
