@@ -170,7 +170,7 @@ def test_the_scalerl_files_pass_every_launch_check(tmp_path):
     model = tmp_path / "hf-model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    sample = ROOT / "recipe" / "data" / "math_sample.jsonl"
+    sample = ROOT / "recipe" / "tasks" / "math" / "math_sample.jsonl"
     edits = [f"recipe.model.path={model}", f"recipe.data.train={sample}", f"recipe.data.valid={sample}"]
     gpu = CliRunner().invoke(
         cli, ["launch", str(ROOT / "sweeps" / "scalerl.yaml"), *edits, "--dry-run", "--cluster", "slurm"]

@@ -123,8 +123,8 @@ def test_a_streamed_group_with_thinking_budgets_is_interrupted_as_the_sampler_do
 
     model = policy(tokenizer)
     vocab = tokenizer.get_vocab()
-    close_id = vocab[tasks.VOCABULARY[-1]]  # any token plays the end of thinking here
-    phrase = (vocab[tasks.VOCABULARY[0]], close_id)
+    close_id = vocab[sort6.VOCABULARY[-1]]  # any token plays the end of thinking here
+    phrase = (vocab[sort6.VOCABULARY[0]], close_id)
     budgets = torch.tensor([0, 1, 3, 50])  # 50: beyond the cap, never interrupted
     interrupt = interrupt_from_wire(interrupt_to_wire(Interrupt(close_id, phrase, budgets)))  # as it travels
     gen = generator(model, tokenizer, chunk_tokens=2)
@@ -135,8 +135,9 @@ def test_a_streamed_group_with_thinking_budgets_is_interrupted_as_the_sampler_do
         finished += gen.poll(timeout_s=1.0)
     (group,) = [group_from_wire(group_to_wire(g)) for g in finished]
     expected = sample(
-        model, torch.tensor([row]).repeat_interleave(4, dim=0), max_new_tokens=7, eos_id=tokenizer.eos_token_id,
-        pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(3), interrupt=interrupt,
+        model, torch.tensor([row]).repeat_interleave(4, dim=0),
+        Sampling(max_new_tokens=7, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                 generator=torch.Generator().manual_seed(3), interrupt=interrupt),
     )  # fmt: skip
     lengths = expected.lengths_B.tolist()
     for s, tokens, forced, n, budget in zip(
