@@ -143,7 +143,7 @@ def check_one_task_generator(spec: SweepSpec, target: Target, config: RecipeConf
 
 
 def check_interrupt(spec: SweepSpec, target: Target, config: RecipeConfig) -> None:
-    """The job's `recipe.train.generation_cap` / `interrupt_rule` for the built-in tasks (math-jsonl's
+    """The job's `recipe.loop.checks.generation_cap` / `interrupt_rule` for the built-in tasks (math-jsonl's
     phrase length depends on the model's tokenizer: the job checks it)."""
     length = config.length
     if length.control != "interrupt":
