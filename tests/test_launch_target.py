@@ -1,6 +1,6 @@
 """`sweep launch` refuses what the job would refuse (launcher/target.py), one line each, for a table
 of engine / layout / precision / budget grids on CPU and GPU targets; and for each grid the job's
-own checks (recipe.config.check_layout, recipe.train.check_engine / generation_cap /
+own checks (recipe.config.check_layout, recipe.loop.checks.check_engine / generation_cap /
 interrupt_rule / check_budget) agree: refused at launch, or accepted by the job. GPU rows fake the
 GPU in the job's checks (torch.cuda reports devices): they end in `_fake_gpu`."""
 
