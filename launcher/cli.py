@@ -16,6 +16,7 @@ from rich.markup import escape
 from launcher import render
 from launcher.grid import MAX_RUNS, GridError, check_size, expand_with_warnings, load_sweep
 from launcher.preflight import check_plans, check_root
+from launcher.target import check_target
 from launcher.importer import IMPORT_FORMATS, import_curves
 from launcher.launch import EXECUTORS, LaunchError, default_executor, default_root, launch
 from launcher.slurm import SlurmError
@@ -175,8 +176,9 @@ def launch_cmd(
     plans, warnings = expand_with_warnings(spec)
     for warning in warnings:
         render.console(stderr=True).print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
-    check_plans(spec, plans)
     executor = cluster or default_executor()
+    target = check_target(spec, plans, executor)  # what the jobs would refuse there, before anything else
+    check_plans(spec, plans)
     out = render.console()
     if dry_run:
         if as_json:
@@ -189,6 +191,9 @@ def launch_cmd(
                 click.echo(render.plan_text(plans, title))
             else:
                 out.print(render.plan_table(plans, title))
+            resolved = sorted({tuple(target.resolved(p.config).items()) for p in plans})
+            for values in resolved:
+                click.echo(f"{target.words}: " + ", ".join(f"{k}={v}" for k, v in values))
             if executor == "slurm":
                 from launcher import slurm
 

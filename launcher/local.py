@@ -15,6 +15,12 @@ when nobody watches.
 The limit lives in a file beside the scheduler's lock (not in the scheduler's memory), and a
 scheduler counts the live jobs that an earlier, killed scheduler left running: so a scheduler that
 `sweep status` restarts after a SIGKILL keeps `--max-parallel` (docs/decisions.md, "Local limit").
+
+A run of `resources.tasks_per_node: T` tasks (trainer and generator ranks, `recipe.pipeline`) is one
+submitit job of T processes, each with the task environment that submitit's local executor gives
+(SUBMITIT_LOCAL_GLOBALID, ..., read by `recipe.pipeline.env.task_env` as srun's are on Slurm); it takes T
+of the `max_parallel` slots (one core each). A task that fails stops the job's other tasks at
+once and fails the run with that task's cause and log (docs/decisions.md, "Local multi-task runs").
 """
 
 from __future__ import annotations
@@ -133,6 +139,27 @@ class Slot:
     attempt: AttemptRecord
     run: RunRecord
     job: Any  # submitit.local.local.LocalJob
+    num_tasks: int = 1
+    """The job's processes: the slots it takes."""
+
+
+def _resources(store: Store, run: RunRecord) -> dict[str, Any]:
+    sweep = store.get_sweep(run.sweep)
+    return (sweep.spec.get("resources") if sweep is not None else None) or {}
+
+
+def run_tasks(store: Store, run: RunRecord) -> int:
+    """`resources.tasks_per_node` of the run's sweep (one node: `sweep launch` refuses more locally)."""
+    return max(1, int(_resources(store, run).get("tasks_per_node", 1) or 1))
+
+
+def run_gpus(store: Store, run: RunRecord) -> int:
+    """The GPUs a local job sees: `resources.gpus_per_node`, else every GPU of this machine (the
+    target `sweep launch` resolved `auto` for, `launcher.target`). submitit's local executor hides
+    the GPUs it is not given (CUDA_VISIBLE_DEVICES)."""
+    from launcher.target import local_gpu_count
+
+    return int(_resources(store, run).get("gpus_per_node") or 0) or local_gpu_count()
 
 
 def serve(store: Store) -> None:
@@ -149,10 +176,9 @@ def serve(store: Store) -> None:
             pruning.tick(slots)
             slots = _reap(store, slots)
             orphans = _orphans(store, slots)
-            free = read_limit(store.url) - len(slots) - orphans
+            free = read_limit(store.url) - sum(s.num_tasks for s in slots) - orphans
             if free > 0:
-                started = (_start(store, a) for a in store.queued_attempts(EXECUTOR, limit=free))
-                slots += [slot for slot in started if slot is not None]
+                slots += _start_fitting(store, store.queued_attempts(EXECUTOR, limit=free), free, idle=not slots)
             if not slots and not orphans and not store.queued_attempts(EXECUTOR, limit=1):
                 # Release, then look once more: a launch that queued work after our last look
                 # either sees the lock free and starts a scheduler, or we see its work here.
@@ -203,8 +229,9 @@ class PruneCheck:
 
 
 def _orphans(store: Store, slots: list[Slot]) -> int:
-    """Open local attempts of this host started by an earlier scheduler whose process still runs.
-    Those whose process is gone without a word are failed (nobody else would notice)."""
+    """The slots held by open local attempts of this host that an earlier scheduler started and
+    whose process still runs. Those whose process is gone without a word are failed (nobody else
+    would notice)."""
     ours = {slot.attempt.id for slot in slots}
     host, alive = socket.gethostname(), 0
     for attempt in store.active_attempts(EXECUTOR):
@@ -213,18 +240,33 @@ def _orphans(store: Store, slots: list[Slot]) -> int:
         if attempt.id in ours or attempt.state == AttemptState.QUEUED or attempt.node != host or pid is None:
             continue
         if is_alive(pid):
-            alive += 1
+            alive += run_tasks(store, store.get_run(attempt.run_id))  # its tasks hold slots
         else:
             reason = f"process {pid} is gone without reporting an end (killed?) (log: {attempt.stderr_path})"
             store.settle_attempt(attempt.id, RunState.FAILED, reason)
     return alive
 
 
-def _start(store: Store, attempt: AttemptRecord) -> Slot | None:
+def _start_fitting(store: Store, queued: Sequence[AttemptRecord], free: int, *, idle: bool) -> list[Slot]:
+    """Start queued attempts in order while their tasks fit the free slots; a run with more tasks
+    than the whole limit starts alone when nothing else runs (else it would wait for ever)."""
+    started: list[Slot] = []
+    for attempt in queued:
+        tasks = run_tasks(store, store.get_run(attempt.run_id))
+        if tasks > free and not (idle and not started):
+            break
+        slot = _start(store, attempt, tasks)
+        if slot is not None:
+            started.append(slot)
+            free -= tasks
+    return started
+
+
+def _start(store: Store, attempt: AttemptRecord, num_tasks: int = 1) -> Slot | None:
     """Start one queued attempt. If it cannot be started (submitit fails, the run directory is
     not writable), the run fails with the cause instead of staying queued for ever."""
     try:
-        return _submit_job(store, attempt)
+        return _submit_job(store, attempt, num_tasks)
     except Exception as exc:  # noqa: BLE001 - any failure to start is the run's, not the scheduler's
         reason = f"the local scheduler could not start it: {type(exc).__name__}: {exc} (log: {_log_file(store)})"
         if store.settle_attempt(attempt.id, RunState.FAILED, reason):
@@ -232,14 +274,14 @@ def _start(store: Store, attempt: AttemptRecord) -> Slot | None:
         return None
 
 
-def _submit_job(store: Store, attempt: AttemptRecord) -> Slot:
+def _submit_job(store: Store, attempt: AttemptRecord, num_tasks: int = 1) -> Slot:
     import submitit
 
     from launcher.job import run_recipe
 
     run = store.get_run(attempt.run_id)
     executor = submitit.LocalExecutor(folder=Path(run.run_dir) / "logs")
-    executor.update_parameters(timeout_min=JOB_TIMEOUT_MIN)
+    executor.update_parameters(timeout_min=JOB_TIMEOUT_MIN, tasks_per_node=num_tasks, gpus_per_node=run_gpus(store, run))
     job = executor.submit(run_recipe, run.run_dir)
     store.update_attempt(
         attempt.id,
@@ -249,8 +291,9 @@ def _submit_job(store: Store, attempt: AttemptRecord) -> Slot:
         stdout_path=str(job.paths.stdout),
         stderr_path=str(job.paths.stderr),
     )
-    print(f"started run {run.id} (attempt {attempt.number}) as local job {job.job_id}", flush=True)
-    return Slot(attempt=attempt, run=run, job=job)
+    tasks = f" of {num_tasks} tasks" if num_tasks > 1 else ""
+    print(f"started run {run.id} (attempt {attempt.number}) as local job {job.job_id}{tasks}", flush=True)
+    return Slot(attempt=attempt, run=run, job=job, num_tasks=num_tasks)
 
 
 def _reap(store: Store, slots: list[Slot]) -> list[Slot]:
@@ -258,28 +301,70 @@ def _reap(store: Store, slots: list[Slot]) -> list[Slot]:
     for slot in slots:
         if slot.job.done():
             _record_end(store, slot)
+        elif (failed := _failed_task(slot.job)) is not None:
+            # The other tasks would wait for the failed one until their peer timeout: stop them now
+            # (submitit's controller takes SIGINT as "kill every task"), and say which task failed.
+            slot.job.cancel()
+            _record_end(store, slot, failed)
         else:
             running.append(slot)
     return running
 
 
-def _record_end(store: Store, slot: Slot) -> None:
-    """The job process is gone. It records its own success or stop; a crash or a kill it cannot
-    record, so that is written here, with the cause and the log path."""
+def _tasks(job: Any) -> list[Any]:
+    return list(job._sub_jobs) or [job]  # submitit: a job of several tasks holds one sub-job per task
+
+
+def _failed_task(job: Any) -> tuple[str, Path] | None:
+    """The first task of a running multi-task job that ended with an error: (cause, its log)."""
+    if len(_tasks(job)) < 2:
+        return None
+    for task in _tasks(job):
+        if task.paths.result_pickle.exists():
+            cause = _task_cause(task)
+            if cause is not None:
+                return cause, task.paths.stderr
+    return None
+
+
+def _task_cause(task: Any) -> str | None:
+    """Why one task failed, or None where it returned normally (its result file must exist)."""
+    try:
+        outcome, trace = task._get_outcome_and_result()  # reads the result file, waits for nothing
+    except Exception as exc:  # noqa: BLE001 - an unreadable result is a failure too
+        return f"{type(exc).__name__}: {exc}"
+    return failure_cause(RuntimeError(str(trace))) if outcome == "error" else None
+
+
+def _record_end(store: Store, slot: Slot, failed: tuple[str, Path] | None = None) -> None:
+    """The job's processes are gone (or are being stopped because task `failed` did). Task 0
+    records its own success or stop; a crash or a kill it cannot record, so that is written here,
+    with the cause and the log path of the task that failed."""
     run_id = slot.run.id
-    if not slot.job.paths.result_pickle.exists():
-        # (Asking submitit would wait 15 s for a result file that a killed job never writes.)
-        cause = "the job process ended without a result: killed by a signal (e.g. SIGKILL) or out of memory"
-    else:
-        try:
-            slot.job.result()
+    if failed is None:
+        failed = _ended_badly(slot.job)
+        if failed is None:
             return
-        except Exception as exc:  # noqa: BLE001 - any failure of the job is reported, not raised
-            cause = failure_cause(exc)
-    reason = f"{cause} (log: {slot.job.paths.stderr})"
+    cause, log = failed
+    reason = f"{cause} (log: {log})"
     state = RunState.CANCELLED if store.get_run(run_id).state == RunState.CANCELLED else RunState.FAILED
     if store.settle_attempt(slot.attempt.id, state, reason):
         print(f"run {run_id} {state}: {reason}", flush=True)
+
+
+def _ended_badly(job: Any) -> tuple[str, Path] | None:
+    """The cause and log of the first task that failed, or None where every task returned."""
+    for task in _tasks(job):
+        if not task.paths.result_pickle.exists():
+            # (Asking submitit would wait 15 s for a result file that a killed job never writes.)
+            return (
+                "the job process ended without a result: killed by a signal (e.g. SIGKILL) or out of memory",
+                task.paths.stderr,
+            )
+        cause = _task_cause(task)
+        if cause is not None:
+            return cause, task.paths.stderr
+    return None
 
 
 TRACEBACK = "Traceback (most recent call last):"

@@ -118,10 +118,10 @@ def resolve_dtype(name: str, *, gpu: bool) -> str:
 
 SUMK_DIGITS = (1, 12)
 """The k a sumk prompt may have (recipe.tasks.sumk.MIN_DIGITS, MAX_DIGITS; a test keeps them equal)."""
+SORT6_MAX_NEW_TOKENS = 7
+"""sort6's own generation cap (six digits and EOS): the task has no thinking phase."""
 SUMK_ANSWER_TOKENS = 4
 """sumk's new tokens beyond its scratchpad (a running sum per digit): `</think>`, two answer digits, EOS."""
-SORT6_MAX_NEW_TOKENS = 7
-"""sort6's own generation cap: six digits and EOS; a completion not ended by then is truncated (recipe.tasks.sort6)."""
 BUILTIN_MODEL_TASKS = {"builtin:sort6-tiny": "sort6", "builtin:sumk-tiny": "sumk", "builtin:sumk-small": "sumk"}
 """The task each built-in base model was warmed up on (its tokenizer knows that task's symbols only)."""
 
@@ -821,9 +821,11 @@ def check_layout(cfg: RecipeConfig, *, num_nodes: int, tasks_per_node: int) -> L
         )  # fmt: skip
     if ranks >= tasks and ranks > 0:
         raise ConfigError(key, f"{ranks} with {shape}: leaves no trainer rank; must be below {tasks}")
-    if ranks and cfg.async_.mode != "pipeline":
+    trainers = layout.num_trainers
+    if num_nodes > 1 and trainers > tasks_per_node and trainers % tasks_per_node:
         raise ConfigError(
-            "async.mode", f"{cfg.async_.mode!r} with engine.generator_ranks={ranks}: separate generator ranks "
-            "stream under 'pipeline' only; use async.mode=pipeline or engine.generator_ranks=0"
+            key, f"{ranks} with {shape}: the {trainers} trainer ranks would share a node with generators; "
+            f"trainers fill whole nodes, so {tasks} - generator_ranks must be a multiple of {tasks_per_node} "
+            f"(or at most {tasks_per_node})"
         )  # fmt: skip
     return layout

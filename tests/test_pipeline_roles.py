@@ -84,3 +84,15 @@ def test_three_tasks_train_under_pipeline_k_and_resume_from_a_checkpoint(model_d
     assert all(0 <= m["lag_mean"] <= m["lag_max"] and m["num_dropped"] >= 0 for m in metrics.values())
     assert all(m["weight_push_seconds"] >= 0 for m in metrics.values())
     assert points[8]["tokens"] > 0 and points[8]["flops"] > 0
+
+
+def test_ppo_offpolicy_k_on_generator_ranks_trains_round_after_round_on_one_pushed_version(model_dir, tmp_path):
+    """PPO-off-policy-k with a real generator rank: one push per round of k steps, so step i of a
+    round trains on data exactly i versions old (lags 0, 1, 2, 0, 1, 2 for k = 3), never dropped."""
+    cfg = pipeline_config(model_dir, **{"async.mode": "ppo-offpolicy", "async.max_lag": 3, "budget.steps": 6})
+    got = run_tasks(cfg, tmp_path, "rounds")
+    outcome, _, metrics = got[0]
+    assert outcome.state == "completed" and outcome.final_step == 6
+    assert [metrics[step]["lag_max"] for step in range(1, 7)] == [0, 1, 2, 0, 1, 2]
+    assert [metrics[step]["lag_mean"] for step in range(1, 7)] == [0, 1, 2, 0, 1, 2]
+    assert all(m["num_dropped"] == 0 for m in metrics.values())

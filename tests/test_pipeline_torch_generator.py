@@ -113,3 +113,39 @@ def test_a_push_over_the_weight_group_takes(tokenizer):
     reference = generator(trained, tokenizer).generate(rows, num_samples=1, max_new_tokens=7, seed=0, greedy=True)
     assert [s.token_ids for g in after for s in g] == [s.token_ids for g in reference for s in g]
     assert [s.token_ids for g in after for s in g] != [s.token_ids for g in before for s in g]
+
+
+def test_a_streamed_group_with_thinking_budgets_is_interrupted_as_the_sampler_does_and_records_forced_positions(
+    tokenizer,
+):
+    from recipe.model.sampler import Interrupt
+    from recipe.pipeline.transport import group_from_wire, group_to_wire, interrupt_from_wire, interrupt_to_wire
+
+    model = policy(tokenizer)
+    vocab = tokenizer.get_vocab()
+    close_id = vocab[sort6.VOCABULARY[-1]]  # any token plays the end of thinking here
+    phrase = (vocab[sort6.VOCABULARY[0]], close_id)
+    budgets = torch.tensor([0, 1, 3, 50])  # 50: beyond the cap, never interrupted
+    interrupt = interrupt_from_wire(interrupt_to_wire(Interrupt(close_id, phrase, budgets)))  # as it travels
+    gen = generator(model, tokenizer, chunk_tokens=2)
+    row = prompts(tokenizer, 1)[0]
+    gen.submit("g", row, num_samples=4, max_new_tokens=7, seed=3, interrupt=interrupt)
+    finished = []
+    while gen.num_running:
+        finished += gen.poll(timeout_s=1.0)
+    (group,) = [group_from_wire(group_to_wire(g)) for g in finished]
+    expected = sample(
+        model, torch.tensor([row]).repeat_interleave(4, dim=0),
+        Sampling(max_new_tokens=7, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                 generator=torch.Generator().manual_seed(3), interrupt=interrupt),
+    )  # fmt: skip
+    lengths = expected.lengths_B.tolist()
+    for s, tokens, forced, n, budget in zip(
+        group.samples, expected.tokens_BT.tolist(), expected.forced_BT.tolist(), lengths, budgets.tolist()
+    ):
+        assert list(s.token_ids) == tokens[:n]
+        assert s.forced == tuple(i for i, f in enumerate(forced[:n]) if f)
+        if budget < n and close_id not in s.token_ids[:budget]:  # still thinking at its budget: the phrase follows
+            assert s.forced[0] == budget and s.token_ids[budget : budget + len(phrase)] == phrase[: n - budget]
+    assert group.samples[0].forced[:1] == (0,)  # budget 0: the phrase comes first
+    assert group.samples[3].forced == ()

@@ -57,7 +57,8 @@ def test_dry_run_prints_the_sbatch_script_matching_the_golden_file(tmp_path, mon
     )
     grid = tmp_path / "g.yaml"
     grid.write_text(
-        f"name: golden\ngrid:\n  loss.type: [cispo, grpo, dapo]\nresources: {{profile: {profile}, array_parallelism: 2}}\n"
+        "name: golden\nrecipe:\n  engine: {generator: torch}\n"  # (vLLM, auto's choice on a GPU node, needs generator ranks)
+        f"grid:\n  loss.type: [cispo, grpo, dapo]\nresources: {{profile: {profile}, array_parallelism: 2}}\n"
     )
     monkeypatch.setenv("SWEEP_ROOT", "/ROOT")
     result = CliRunner().invoke(cli, ["launch", str(grid), "--dry-run", "--cluster", "slurm"], terminal_width=200)

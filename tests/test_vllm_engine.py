@@ -184,6 +184,31 @@ def test_vllm_drop_in_flight_aborts_running_groups(run):
     assert group.group_id == "dropped-0" and len(group.samples[0].token_ids) == 4
 
 
+def test_vllm_interrupts_each_sample_at_its_thinking_budget_then_continues_with_the_answer(run):
+    from recipe.model.sampler import Interrupt
+
+    vocab = tokenizer().get_vocab()
+    close_id, other = vocab["="], vocab["+"]  # "=" plays the end-of-thinking token here
+    phrase = (other, close_id)
+    budgets = [2, 5, 30]  # 30: beyond the 12-token cap, never interrupted
+    run.generator.submit(
+        "thinking", prompt_ids()[0], num_samples=3, max_new_tokens=12, seed=7,
+        interrupt=Interrupt(close_id, phrase, torch.tensor(budgets)),
+    )  # fmt: skip
+    (group,) = run.generator.poll(timeout_s=120)
+    assert group.group_id == "thinking" and len(group.samples) == 3
+    for s, budget in zip(group.samples, budgets):
+        assert len(s.token_ids) == len(s.logprobs) == 12  # never stops: the answer runs to the cap
+        if budget < 12 and close_id not in s.token_ids[:budget]:  # still thinking at its budget
+            assert s.forced == (budget, budget + 1) and s.token_ids[budget : budget + 2] == phrase
+            assert [s.logprobs[i] for i in s.forced] == [0.0, 0.0]  # forced: left out of the loss
+            assert all(lp < 0 for i, lp in enumerate(s.logprobs) if i not in s.forced)  # sampled on both sides
+        else:
+            assert s.forced == ()
+    assert group.samples[2].forced == ()
+    assert any(s.forced for s in group.samples)  # budget 2 on a random model: almost surely still thinking
+
+
 @pytest.mark.parametrize("fp32_head", [True, False])
 def test_vllm_builds_its_engine_config_from_the_recipe(fp32_head, tmp_path):
     """The arguments `engine_args()` builds go through vLLM's own `EngineArgs` and its engine config

@@ -38,6 +38,9 @@ class Sample:
     """Policy version that generated the first token."""
     version_end: int
     """Policy version that generated the last token."""
+    forced: tuple[int, ...] = ()
+    """Positions (in `token_ids`) of the tokens a forced interruption appended instead of sampling
+    (`length.control=interrupt`): context for the policy, not its actions."""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,10 @@ tensors into the model in place, the decodings keep their KV caches, and their n
 sampled from the new weights (`recipe.model.sampler.Decoding`). A sequence that ran across a push
 records both versions (`Sample.version_start` < `version_end`).
 
+Forced interruption (`length.control=interrupt`): a group submitted with an `Interrupt` (its
+samples' thinking budgets) decodes with it (`recipe.model.sampler.Decoding`): a sample still thinking at
+its budget gets the phrase appended and goes on to answer; `Sample.forced` lists those positions.
+
 Behaviour log-probs: log-softmax of the fp32 logits (temperature 1, no top-p/top-k), the
 trainer's quantity (`recipe.engines.base`).
 """
@@ -24,7 +28,10 @@ import torch.distributed as dist
 
 from recipe.engines.base import Group, Sample, WeightMeta
 from recipe.engines.weights import WeightGroupSpec, generator_rank, init_weight_group, receive_into
-from recipe.model.sampler import Decoding, Sampling
+from recipe.model.sampler import Decoding, Interrupt, Sampling
+
+_Item = tuple[str, tuple[int, ...], int, int, int, Interrupt | None]
+"""A submitted group: id, prompt, num_samples, max_new_tokens, seed, its interrupt (or None)."""
 
 
 @dataclass
@@ -54,7 +61,7 @@ class TorchGenerator:
         self.chunk_tokens = chunk_tokens
         self.num_generated_tokens = 0
         """Completion tokens sampled so far (dropped work included): the generator's compute."""
-        self._queued: list[tuple[str, tuple[int, ...], int, int, int]] = []
+        self._queued: list[_Item] = []
         self._running: list[_Running] = []
         self._group: dist.ProcessGroup | None = None
 
@@ -74,7 +81,7 @@ class TorchGenerator:
         greedy: bool = False,
     ) -> list[list[Sample]]:
         running = self._start(
-            [(str(i), tuple(p), num_samples, max_new_tokens, seed) for i, p in enumerate(prompts)], greedy
+            [(str(i), tuple(p), num_samples, max_new_tokens, seed, None) for i, p in enumerate(prompts)], greedy
         )
         while not running.decoding.done:
             self._advance(running)
@@ -82,8 +89,20 @@ class TorchGenerator:
 
     # -- streaming ---------------------------------------------------------------------------
 
-    def submit(self, group_id: str, prompt: Sequence[int], *, num_samples: int, max_new_tokens: int, seed: int) -> None:
-        self._queued.append((group_id, tuple(prompt), num_samples, max_new_tokens, seed))
+    def submit(
+        self,
+        group_id: str,
+        prompt: Sequence[int],
+        *,
+        num_samples: int,
+        max_new_tokens: int,
+        seed: int,
+        interrupt: Interrupt | None = None,
+    ) -> None:
+        """Queue one group; `interrupt`: force the end of thinking at each sample's budget."""
+        if interrupt is not None and interrupt.budget_B.shape[0] != num_samples:
+            raise ValueError(f"{interrupt.budget_B.shape[0]} thinking budgets for {num_samples} samples")
+        self._queued.append((group_id, tuple(prompt), num_samples, max_new_tokens, seed, interrupt))
 
     @property
     def num_running(self) -> int:
@@ -113,16 +132,21 @@ class TorchGenerator:
         self._running.clear()
 
     def _start_queued(self) -> None:
-        """Queued groups with the same settings start as one decoding."""
-        by_settings: dict[tuple[int, int], list[tuple[str, tuple[int, ...], int, int, int]]] = {}
+        """Queued groups with the same settings (interrupt phrase included) start as one decoding."""
+        by_settings: dict[tuple[int, int, object], list[_Item]] = {}
         for item in self._queued:
-            by_settings.setdefault((item[2], item[3]), []).append(item)
+            phrase = None if item[5] is None else (item[5].close_id, item[5].phrase_ids)
+            by_settings.setdefault((item[2], item[3], phrase), []).append(item)
         self._queued.clear()
         self._running += [self._start(items, greedy=False) for items in by_settings.values()]
 
-    def _start(self, items: list[tuple[str, tuple[int, ...], int, int, int]], greedy: bool) -> _Running:
-        _, _, num_samples, max_new_tokens, seed = items[0]
+    def _start(self, items: list[_Item], greedy: bool) -> _Running:
+        _, _, num_samples, max_new_tokens, seed, first = items[0]
         prompts = [prompt for _, prompt, *_ in items]
+        interrupt = None
+        if first is not None:
+            budget_B = torch.cat([item[5].budget_B for item in items if item[5] is not None])
+            interrupt = Interrupt(first.close_id, first.phrase_ids, budget_B)
         prompt_ids_BP, prompt_mask_BP = left_pad(prompts, num_samples, self.pad_id, self.device)
         generator = torch.Generator(device=self.device).manual_seed(seed)
         decoding = Decoding(
@@ -134,6 +158,7 @@ class TorchGenerator:
                 generator=generator,
                 greedy=greedy,
                 prompt_mask_BP=prompt_mask_BP,
+                interrupt=interrupt,
             ),
         )
         version_end_B = torch.full((prompt_ids_BP.shape[0],), self.version, dtype=torch.long)
@@ -159,9 +184,11 @@ class TorchGenerator:
         completions = running.decoding.completions()
         tokens, logps = completions.tokens_BT.tolist(), completions.logp_BT.tolist()
         lengths, finished = completions.lengths_B.tolist(), completions.finished_B.tolist()
+        forced = None if completions.forced_BT is None else completions.forced_BT.tolist()
         samples = []
         for row in range(index * running.num_samples, (index + 1) * running.num_samples):
             n = lengths[row]
+            forced_at = () if forced is None else tuple(i for i, f in enumerate(forced[row][:n]) if f)
             samples.append(
                 Sample(
                     token_ids=tuple(tokens[row][:n]),
@@ -169,6 +196,7 @@ class TorchGenerator:
                     finished=bool(finished[row]),
                     version_start=running.version_start,
                     version_end=int(running.version_end_B[row]),
+                    forced=forced_at,
                 )
             )
         return Group(running.group_ids[index], running.prompts[index], tuple(samples))

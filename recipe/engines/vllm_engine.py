@@ -15,6 +15,11 @@ What it records and how it takes new weights (docs/engines.md, "The vLLM generat
   project's weight group, so the trainer sends with `recipe.engines.weights.TorchWeightSender`;
   on GPU vLLM's stock `nccl` backend, whose trainer end is `VllmNcclWeightSender` (vLLM's NCCL
   helpers; GPU only, not run on this CPU machine).
+- Forced interruption (`length.control=interrupt`): a group submitted with an `Interrupt` runs
+  one request per sample, stopped at that sample's thinking budget (`max_tokens`); a sample that
+  reached it without writing the end-of-thinking token gets the phrase appended (`Sample.forced`;
+  their recorded log-probs are 0: forced tokens are left out of the loss), and a continuation
+  request (prompt + thinking + phrase) generates the answer within the rest of the cap.
 - New requests' prefix cache is salted with the weight version (`cache_salt`), so no request
   reuses KV blocks computed with older weights.
 
@@ -41,6 +46,7 @@ import torch
 from recipe.engines.base import Group, Sample, WeightMeta
 from recipe.engines.weights import TorchWeightSender, WeightGroupSpec, generator_rank, weight_meta
 from recipe.model.precision import vllm_dtype
+from recipe.model.sampler import Interrupt
 from recipe.pipeline.rendezvous import free_port
 
 T = TypeVar("T")
@@ -160,6 +166,7 @@ class VllmGenerator:
         self.version = settings.initial_version
         self._done: queue.Queue[Group | BaseException] = queue.Queue()
         self._running: dict[str, str] = {}  # group id -> vLLM request id
+        self._parts: dict[str, set[str]] = {}  # request id -> its live per-sample requests (interruption)
         self._request_count = 0
         self._weight_group: WeightGroupSpec | None = None
         self._private_sender: Any = None
@@ -196,15 +203,29 @@ class VllmGenerator:
 
     # --- sampling -----------------------------------------------------------------------------
 
-    def submit(self, group_id: str, prompt: Sequence[int], *, num_samples: int, max_new_tokens: int, seed: int) -> None:
-        """Start a group of `num_samples` completions (vLLM seeds sample j with `seed + j`)."""
+    def submit(
+        self,
+        group_id: str,
+        prompt: Sequence[int],
+        *,
+        num_samples: int,
+        max_new_tokens: int,
+        seed: int,
+        interrupt: Interrupt | None = None,
+    ) -> None:
+        """Start a group of `num_samples` completions (vLLM seeds sample j with `seed + j`);
+        `interrupt`: force the end of thinking at each sample's budget."""
         if group_id in self._running:
             raise ValueError(f"group {group_id!r} is already running")
+        if interrupt is not None and interrupt.budget_B.shape[0] != num_samples:
+            raise ValueError(f"{interrupt.budget_B.shape[0]} thinking budgets for {num_samples} samples")
         request_id = self._next_request_id(group_id)
         self._running[group_id] = request_id
-        future = self._submit(
-            self._run_group(group_id, request_id, prompt, num_samples, max_new_tokens, seed, greedy=False)
-        )
+        if interrupt is None:
+            coro = self._run_group(group_id, request_id, prompt, num_samples, max_new_tokens, seed, greedy=False)
+        else:
+            coro = self._run_interrupted(group_id, request_id, prompt, max_new_tokens, seed, interrupt)
+        future = self._submit(coro)
         future.add_done_callback(lambda f: self._finished(group_id, request_id, f))
 
     def poll(self, timeout_s: float) -> list[Group]:
@@ -290,6 +311,75 @@ class VllmGenerator:
         samples = tuple(self._sample(c) for c in sorted(final.outputs, key=lambda c: c.index))
         return Group(group_id=group_id, prompt_ids=tuple(prompt), samples=samples)
 
+    async def _run_interrupted(
+        self, group_id: str, request_id: str, prompt: Sequence[int], max_new_tokens: int, seed: int, interrupt: Interrupt
+    ) -> Group:
+        """One request per sample up to its thinking budget, then (where it is still thinking) the
+        phrase and a continuation request for the answer."""
+        parts = self._parts[request_id] = set()
+        try:
+            budgets = [int(b) for b in interrupt.budget_B.tolist()]
+            samples = await asyncio.gather(
+                *(
+                    self._one_interrupted(f"{request_id}.{j}", prompt, max_new_tokens, seed + j, budget, interrupt, parts)
+                    for j, budget in enumerate(budgets)
+                )
+            )
+        finally:
+            self._parts.pop(request_id, None)
+        return Group(group_id=group_id, prompt_ids=tuple(prompt), samples=tuple(samples))
+
+    async def _one_interrupted(
+        self,
+        part_id: str,
+        prompt: Sequence[int],
+        cap: int,
+        seed: int,
+        budget: int,
+        interrupt: Interrupt,
+        parts: set[str],
+    ) -> Sample:
+        think = await self._one_request(f"{part_id}.think", list(prompt), min(budget, cap), seed, parts)
+        if think.finished or len(think.token_ids) < min(budget, cap) or budget >= cap:
+            return think  # ended (EOS) before its budget, or the budget lies at or beyond the cap
+        thought_closed = interrupt.close_id in think.token_ids
+        phrase = () if thought_closed else tuple(interrupt.phrase_ids[: cap - budget])
+        head = think.token_ids + phrase
+        room = cap - len(head)
+        forced = tuple(range(len(think.token_ids), len(head)))
+        if room <= 0:
+            return Sample(head, think.logprobs + (0.0,) * len(phrase), False, think.version_start, think.version_end, forced)
+        answer = await self._one_request(f"{part_id}.answer", list(prompt) + list(head), room, seed + 1_000_003, parts)
+        return Sample(
+            token_ids=head + answer.token_ids,
+            logprobs=think.logprobs + (0.0,) * len(phrase) + answer.logprobs,
+            finished=answer.finished,
+            version_start=think.version_start,
+            version_end=answer.version_end if answer.token_ids else think.version_end,
+            forced=forced,
+        )
+
+    async def _one_request(self, vllm_id: str, prompt: list[int], max_tokens: int, seed: int, parts: set[str]) -> Sample:
+        """One completion of `prompt` (a sub-request of an interrupted group, abortable by `drop_in_flight`)."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            n=1, max_tokens=max_tokens, temperature=self.settings.temperature, seed=seed, logprobs=0,
+            detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY,
+        )  # fmt: skip
+        parts.add(vllm_id)
+        try:
+            final = None
+            async for output in self._engine.generate(
+                {"prompt_token_ids": prompt, "cache_salt": str(self.version)}, params, vllm_id
+            ):
+                final = output
+        finally:
+            parts.discard(vllm_id)
+        assert final is not None and final.finished, f"request {vllm_id} ended without a final output"
+        return self._sample(final.outputs[0])
+
     def _sample(self, completion: Any) -> Sample:
         if completion.finish_reason == "abort":
             raise asyncio.CancelledError
@@ -319,6 +409,7 @@ class VllmGenerator:
     def drop_in_flight(self) -> None:
         """Abort every running request and forget finished groups not yet polled (preemption)."""
         request_ids = list(self._running.values())
+        request_ids += [part for r in request_ids for part in self._parts.get(r, ())]
         self._running.clear()
         if request_ids:
             self._call(self._engine.abort(request_ids))

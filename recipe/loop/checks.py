@@ -39,13 +39,15 @@ def check_engine(cfg: RecipeConfig) -> None:
         )
 
 
-def check_budget(cfg: RecipeConfig) -> None:
-    """A budget this engine can reach: it spends no GPU-hours."""
-    if cfg.budget.steps is None and cfg.budget.flops is None:
+def check_budget(cfg: RecipeConfig, num_gpus: int) -> None:
+    """A budget the job can reach: GPU-hours (device seconds x the job's GPUs) only where it holds
+    GPUs. `sweep launch` refuses budget.gpu_hours for a CPU target (`launcher.target`); this is
+    the job's own guard for a job that got no GPU."""
+    if num_gpus == 0 and cfg.budget.steps is None and cfg.budget.flops is None:
         raise ConfigError(
             "budget.gpu_hours",
-            "the torch engine runs on CPU and spends no GPU-hours, so budget.gpu_hours alone never "
-            "ends a run; set budget.steps or budget.flops",
+            "this job holds no GPU and spends no GPU-hours, so budget.gpu_hours alone never "
+            "ends a run; set budget.steps or budget.flops, or run on a GPU node",
         )
 
 
@@ -67,11 +69,6 @@ def generation_cap(cfg: RecipeConfig, task: Task, log: Callable[[str], None]) ->
             f"generation cap of {cap} tokens: forced interruption is not available yet for {task.name}, which "
             f"has no thinking phase to interrupt; raise length.interrupt_min to >= {cap} or use "
             "length.control=penalty or none"
-        )
-    elif cfg.engine.generator_ranks:
-        raise NotAvailableError(
-            "length.control=interrupt with engine.generator_ranks > 0: forced interruption on generator ranks is "
-            f"not available yet in this version; use engine.generator_ranks=0, or length.interrupt_min >= {cap}"
         )
     return cap
 

@@ -74,7 +74,7 @@ def evaluate(state: RunState) -> dict[str, Any]:
         "num_samples": len(passes),
         "mean_length": float(torch.cat(lengths).float().mean()),
         "truncation_rate": float((~torch.cat(finished)).float().mean()),
-        "interrupt_rate": float(torch.cat(interrupted).float().mean()),
+        "interrupted_fraction": float(torch.cat(interrupted).float().mean()),
         "entropy": float(-torch.cat(logps).mean()),
         **pass_rate_by_difficulty(task, prompts, passes),
     }

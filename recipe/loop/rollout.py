@@ -163,7 +163,7 @@ def rollout_metrics(rollout: Rollout) -> dict[str, float]:
         "pass_rate": float(rollout.passes_PG.mean()),
         "mean_length": float(c.lengths_B.float().mean()),
         "truncation_rate": float((~c.finished_B).float().mean()),
-        "interrupt_rate": float(c.interrupted_B.float().mean()),
+        "interrupted_fraction": float(c.interrupted_B.float().mean()),
         "entropy": _entropy_estimate(c),
     }
 

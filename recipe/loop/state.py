@@ -116,6 +116,13 @@ class RunState:
     """The vLLM engine that samples in this process (`generator_ranks: 0` with vLLM); None: the policy samples."""
 
 
+def job_gpus(team: Team | None) -> int:
+    """The GPUs the run's job holds, all tasks together (what one second of a step costs in GPU-seconds)."""
+    if team is not None:
+        return team.num_gpus
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 class Team(Protocol):
     """The run's other ranks as trainer rank 0 sees them (`recipe.pipeline`); `SOLO` for one task."""
 
@@ -161,7 +168,7 @@ def initial_state(
         num_matmul_params=num_matmul_params,
         train_prompt_mask=train_prompt_mask,
         valid_prompt_mask=valid_prompt_mask,
-        num_gpus=team.num_gpus if team is not None else 0,
+        num_gpus=job_gpus(team),
         device_generator=_device_generator(device, _seed(_SAMPLING_STREAM, cfg.seed)),
     )
 

@@ -26,10 +26,11 @@ Off-policy modes (`async.mode`, k = `async.max_lag`):
 - ppo-offpolicy (PPO-off-policy-k): k batches are generated with one policy, then k optimizer steps
   are taken, one per batch; the i-th step of a round trains on data i policy versions old, so the
   importance ratios move away from 1.
-- pipeline (PipelineRL-k): this single-process engine alternates generation and training, so every
-  batch comes from the current policy: lag 0, within PipelineRL-k's bound, ratios 1 up to
-  numerics. Generators that keep streaming while weights are pushed in flight, the point of
-  PipelineRL, come with the vLLM engine.
+- pipeline (PipelineRL-k): in one task generation and training alternate, so every batch comes
+  from the current policy: lag 0, within PipelineRL-k's bound, ratios 1 up to numerics. With
+  generator ranks (`engine.generator_ranks`, `recipe.pipeline.lead.PipelineRollouts`) the
+  generators stream while weights are pushed in flight after every step, up to k versions ahead.
+- Both modes run on generator ranks: there ppo-offpolicy pushes once per round of k steps.
 
 Evaluation: the held-out pass rate, mean@k (k = `eval.samples`) over every held-out prompt, sampled
 at temperature 1 with a random stream of its own (seeded by run seed and step), at step 0, at steps
@@ -41,7 +42,8 @@ Compute, cumulative, in every eval point: `flops` = 2·N·(prompt + completion t
 (`recipe.model.policy.matmul_param_count`; a lookup costs no multiply-adds); attention FLOPs are left
 out (tiny at these lengths), and so is evaluation. `tokens` = completion tokens generated for
 training. `device_seconds` = wall time of training steps (generation + update), without evaluation
-and checkpointing. `gpu_hours` = GPUs x those hours: 0 on this CPU engine.
+and checkpointing. `gpu_hours` = the job's GPUs x those hours (0 on a CPU); `budget.gpu_hours` stops the
+run when they reach it.
 
 Checkpoints (`recipe.loop.checkpoint`) every `checkpoint.every` steps, at the end, and when
 `should_stop()` (asked once per step) returns true. A run resumes from its newest valid checkpoint
@@ -67,7 +69,7 @@ from recipe.loop.evaluate import is_eval_step, report_eval
 from recipe.loop.lag import lag_metrics
 from recipe.loop.rollout import LocalRollouts, RolloutSource, StopBeforeStep, rollout_metrics
 from recipe.loop.colocated import colocate
-from recipe.loop.state import RunState, Team, initial_state, resume, save_checkpoint, uses_vllm
+from recipe.loop.state import RunState, Team, initial_state, job_gpus, resume, save_checkpoint, uses_vllm
 from recipe.loop.update import policy_update
 from recipe.tasks.task import load_task
 from recipe.telemetry.sinks import Sink
@@ -95,7 +97,7 @@ def train(
     `team`: the run's other ranks when this is trainer rank 0 of a multi-task job; None for one task.
     """
     check_engine(cfg)
-    check_budget(cfg)
+    check_budget(cfg, job_gpus(team))
     if cfg.async_.mode == "pipeline" and team is None:
         log(
             "async.mode=pipeline with engine.generator_ranks=0: generation and training alternate in this "

@@ -139,7 +139,9 @@ class LeanCache:
         """Each row takes its group's keys and values (a prompt's prefill shared by its group)."""
         for index, (keys, values) in enumerate(zip(self.keys, self.values)):
             if keys is not None:
-                self.keys[index], self.values[index] = groups.spread(keys), groups.spread(values)
+                # contiguous: with one group, `spread` may return a stride-0 view, which the next
+                # token's write into the cache would refuse (many rows sharing one memory location)
+                self.keys[index], self.values[index] = groups.spread(keys).contiguous(), groups.spread(values).contiguous()
 
     def to_dynamic(self, config) -> object:
         """The same cache as transformers' `DynamicCache` (for a decoding that has to leave the lean path)."""

@@ -42,8 +42,9 @@ class TaskEnv:
 
 
 def task_env(environ: Mapping[str, str] = os.environ) -> TaskEnv:
-    """From srun's variables inside a Slurm job step, from SWEEP_TASK_* when a test or a local
-    launcher spawns the tasks, else one task."""
+    """From srun's variables inside a Slurm job step, from submitit's local executor's
+    (SUBMITIT_LOCAL_*: the same places, one node), from SWEEP_TASK_* when a test spawns the tasks
+    itself, else one task."""
     if "SLURM_STEP_NUM_TASKS" in environ and "SLURM_PROCID" in environ:  # srun sets these, sbatch alone does not
         return TaskEnv(
             rank=int(environ["SLURM_PROCID"]),
@@ -52,10 +53,28 @@ def task_env(environ: Mapping[str, str] = os.environ) -> TaskEnv:
             local_rank=int(environ.get("SLURM_LOCALID", "0")),
             attempt_key=f"slurm-{environ.get('SLURM_JOB_ID', '?')}-{environ.get('SLURM_RESTART_COUNT', '0')}",
         )
+    if environ.get("SUBMITIT_EXECUTOR") == "local" and "SUBMITIT_LOCAL_GLOBALID" in environ:
+        return TaskEnv(
+            rank=int(environ["SUBMITIT_LOCAL_GLOBALID"]),
+            num_tasks=int(environ["SUBMITIT_LOCAL_NTASKS"]),
+            num_nodes=int(environ.get("SUBMITIT_LOCAL_JOB_NUM_NODES", "1")),
+            local_rank=int(environ.get("SUBMITIT_LOCAL_LOCALID", "0")),
+            attempt_key=f"local-{environ.get('SUBMITIT_LOCAL_JOB_ID', '?')}",  # the controller's pid: one per start
+        )
     if "SWEEP_NUM_TASKS" in environ:
         rank = int(environ["SWEEP_TASK_RANK"])
         return TaskEnv(rank, int(environ["SWEEP_NUM_TASKS"]), 1, rank, environ.get("SWEEP_ATTEMPT", "local"))
     return TaskEnv(rank=0, num_tasks=1, num_nodes=1, local_rank=0, attempt_key="single")
+
+
+def own_log_path() -> str | None:
+    """This task's stderr file where submitit started it (local or Slurm), else None."""
+    try:
+        import submitit
+
+        return str(submitit.JobEnvironment().paths.stderr)
+    except Exception:  # noqa: BLE001 - not started by submitit (a test, `python -m recipe`)
+        return None
 
 
 def layout_of(cfg: RecipeConfig, env: TaskEnv) -> Layout:

@@ -23,8 +23,16 @@ from recipe.loop.rollout import StopBeforeStep, shaped_rewards
 from recipe.loop.state import Rollout, RunState
 from recipe.model.sampler import Completions
 from recipe.pipeline.env import TaskEnv, job_placement, join_trainer_group, uses_vllm
-from recipe.pipeline.rendezvous import Rendezvous, announce, free_port, publish, rendezvous_host, task_hosts
-from recipe.pipeline.transport import ControlServer, PeerLost, group_from_wire, meta_to_wire
+from recipe.pipeline.rendezvous import (
+    Rendezvous,
+    announce,
+    free_port,
+    publish,
+    rendezvous_host,
+    task_hosts,
+    withdraw,
+)
+from recipe.pipeline.transport import ControlServer, PeerLost, group_from_wire, interrupt_to_wire, meta_to_wire
 
 
 class LeadTrainer:
@@ -83,6 +91,7 @@ class LeadTeam:
         should_stop: Callable[[], bool] = lambda: False,
     ):
         self.cfg, self.env, self.layout, self.log, self.should_stop = cfg, env, layout, log, should_stop
+        self.run_dir = run_dir
         placement = job_placement(env, layout)
         self.num_gpus = placement.num_gpus  # what the job's tasks occupy, not its tasks
         backend, weight_backend = placement.trainer_backend, placement.weight_backend
@@ -98,19 +107,26 @@ class LeadTeam:
             f"layout: {layout.num_trainers} trainer rank(s), {layout.num_generators} generator rank(s) "
             f"on {layout.num_nodes} node(s); control {self.rendezvous.control_address}"
         )
-        join_trainer_group(env, layout, self.rendezvous, self.timeout_s)
-        self._wait_for_generators()
-        # Every task announced itself before it joined: the trainers' group and the generators'
-        # hello are behind us.
-        self.hosts = task_hosts(run_dir, env.attempt_key)
-        generators = [t for t in self.hosts if t["role"] == "generator"]
-        self.control.names = {t["rank"]: f"generator {t['rank']} (task {t['task']} on {t['host']})" for t in generators}
-        self.control.tasks = {t["rank"]: t["task"] for t in generators}
-        log("tasks: " + ", ".join(f"{t['role']} {t['rank']} on {t['host']}" for t in self.hosts))
-        spec = WeightGroupSpec(
-            self.rendezvous.host, self.rendezvous.weight_port, layout.num_generators, weight_backend, self.timeout_s
-        )
-        self.sender = weight_sender(cfg, spec)
+        try:
+            join_trainer_group(env, layout, self.rendezvous, self.timeout_s)
+            self._wait_for_generators()
+            # Every task announced itself before it joined: the trainers' group and the generators'
+            # hello are behind us.
+            self.hosts = task_hosts(run_dir, env.attempt_key)
+            generators = [t for t in self.hosts if t["role"] == "generator"]
+            self.control.names = {
+                t["rank"]: f"generator {t['rank']} (task {t['task']} on {t['host']})" for t in generators
+            }
+            self.control.tasks = {t["rank"]: t["task"] for t in generators}
+            log("tasks: " + ", ".join(f"{t['role']} {t['rank']} on {t['host']}" for t in self.hosts))
+            spec = WeightGroupSpec(
+                self.rendezvous.host, self.rendezvous.weight_port, layout.num_generators, weight_backend, self.timeout_s
+            )
+            self.sender = weight_sender(cfg, spec)
+        except BaseException:
+            withdraw(run_dir, env.attempt_key)
+            self.control.close()
+            raise
         self.leader: LeadTrainer | None = None
 
     def _wait_for_generators(self) -> None:
@@ -145,6 +161,7 @@ class LeadTeam:
         except Exception as error:  # noqa: BLE001 - a peer already gone needs no stop; the cause is reported above
             self.log(f"could not tell every task to stop: {type(error).__name__}: {error}")
         finally:
+            withdraw(self.run_dir, self.env.attempt_key)
             self.control.close()
             self.sender.close()
             if dist.is_initialized():
@@ -163,7 +180,8 @@ def weight_sender(cfg: RecipeConfig, spec: WeightGroupSpec) -> Any:
 
 def _raise_if_error(index: int, message: dict[str, Any]) -> None:
     if message.get("type") == "error":
-        raise RuntimeError(f"generator rank {index} failed: {message.get('message')}")
+        where = f" (its log: {message['log']})" if message.get("log") else ""
+        raise RuntimeError(f"generator rank {index} failed: {message.get('message')}{where}")
 
 
 @dataclass
@@ -182,7 +200,11 @@ class _Arrived:
 
 
 class PipelineRollouts:
-    """PipelineRL-k on trainer rank 0 (a `recipe.loop.rollout.RolloutSource`).
+    """PipelineRL-k (or PPO-off-policy-k) on trainer rank 0 (a `recipe.loop.rollout.RolloutSource`).
+
+    PPO-off-policy-k (`async.mode: ppo-offpolicy`) on generator ranks: the weights are pushed once
+    every k steps, and admission lets the generators start the round's k batches on that version
+    and no more, so step i of a round trains on data i versions old (lags 0 .. k-1 in turn).
 
     Admission: a prompt group goes to the least busy generator only while `recipe.loop.lag.Admission`
     allows it for the version the generators hold. Consumption: groups are taken in the order
@@ -210,7 +232,10 @@ class PipelineRollouts:
         self.control, self.sender, self.log, self.should_stop = control, sender, log, should_stop
         self.peers_gone = False  # set once the generators went away after a stop signal
         self.max_lag, self.groups_per_step = cfg.async_.max_lag, cfg.batch.prompts
-        self.admission = Admission(self.max_lag, self.groups_per_step)
+        self.rounds = cfg.async_.mode == "ppo-offpolicy"
+        # PPO-off-policy-k: the k batches of a round come from the version pushed at its start, so
+        # at most k - 1 versions old; pipeline: admitted up to k versions ahead, pushed every step.
+        self.admission = Admission(self.max_lag - 1 if self.rounds else self.max_lag, self.groups_per_step)
         self.admission.admitted = state.step * self.groups_per_step  # a resumed run trained these; nothing in flight
         self.generator_version = -1
         self.in_flight: dict[str, tuple[int, int]] = {}  # group id -> (prompt row, generator index)
@@ -255,8 +280,8 @@ class PipelineRollouts:
             torch.cuda.synchronize()  # the step's kernels count to the trainer, not to the push
         trained = time.perf_counter()
         try:
-            if not self.peers_gone:
-                self.push(state)
+            if not self.peers_gone and (not self.rounds or state.step % self.max_lag == 0):
+                self.push(state)  # PPO-off-policy-k: once per round of k steps
         except Exception as exc:
             if not self.should_stop():
                 raise
@@ -303,15 +328,16 @@ class PipelineRollouts:
             load[index] += 1
             self.in_flight[group_id] = (row, index)
             self.num_sent += 1
-            work.setdefault(index, []).append(
-                {
-                    "group_id": group_id,
-                    "prompt": _prompt_tokens(state, row),
-                    "num_samples": cfg.batch.generations,
-                    "max_new_tokens": state.max_new_tokens,
-                    "seed": int(np.random.SeedSequence([4, cfg.seed, state.step, self.num_sent]).generate_state(1)[0]),
-                }
-            )
+            item = {
+                "group_id": group_id,
+                "prompt": _prompt_tokens(state, row),
+                "num_samples": cfg.batch.generations,
+                "max_new_tokens": state.max_new_tokens,
+                "seed": int(np.random.SeedSequence([4, cfg.seed, state.step, self.num_sent]).generate_state(1)[0]),
+            }
+            if state.interrupt is not None:  # the thinking budgets travel with the prompt
+                item["interrupt"] = interrupt_to_wire(state.interrupt.draw(cfg.batch.generations, state.generator))
+            work.setdefault(index, []).append(item)
         for index, items in work.items():
             self.control.send(index, {"type": "work", "items": items})
 
@@ -364,18 +390,21 @@ class PipelineRollouts:
         tokens_BT = torch.full((len(samples), width), state.tokenizer.pad_token_id, dtype=torch.long)
         logp_BT = torch.zeros((len(samples), width))
         mask_BT = torch.zeros((len(samples), width), dtype=torch.bool)
+        forced_BT = torch.zeros((len(samples), width), dtype=torch.bool) if state.interrupt is not None else None
         for i, s in enumerate(samples):
             n = len(s.token_ids)
             tokens_BT[i, :n] = torch.tensor(s.token_ids)
             logp_BT[i, :n] = torch.tensor(s.logprobs)
             mask_BT[i, :n] = True
+            if forced_BT is not None and s.forced:
+                forced_BT[i, list(s.forced)] = True
         rows_P = torch.tensor([a.row for a in taken])
         versions_B2 = torch.tensor([[s.version_start, s.version_end] for s in samples])
         num_dropped, self.num_dropped = self.num_dropped, 0
         return Rollout(
             prompt_rows_P=rows_P,
             prompt_ids_BP=state.train_prompt_ids[rows_P].repeat_interleave(len(taken[0].group.samples), dim=0),
-            completions=Completions(tokens_BT, logp_BT, mask_BT, torch.tensor([s.finished for s in samples])),
+            completions=Completions(tokens_BT, logp_BT, mask_BT, torch.tensor([s.finished for s in samples]), forced_BT),
             rewards_PG=torch.stack([a.rewards_G for a in taken]),
             passes_PG=torch.stack([a.passes_G for a in taken]),
             policy_version=int(versions_B2[:, 0].min()),

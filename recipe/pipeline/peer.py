@@ -26,10 +26,11 @@ from recipe.pipeline.env import (
     join_trainer_group,
     layout_of,
     leave_trainer_env,
+    own_log_path,
     uses_vllm,
 )
 from recipe.pipeline.rendezvous import Rendezvous, announce, wait_for_rendezvous
-from recipe.pipeline.transport import ControlClient, PeerLost, group_to_wire, meta_from_wire
+from recipe.pipeline.transport import ControlClient, PeerLost, group_to_wire, interrupt_from_wire, meta_from_wire
 from recipe.tasks.builtin import resolve_model_dir
 
 
@@ -125,7 +126,7 @@ def run_generator(
         log(f"generator {index}: joined the weight group ({rendezvous.weight_backend})")
         _generate_until_stopped(engine, client, index, log, cfg.engine.peer_timeout_s)
     except Exception as exc:
-        client.send({"type": "error", "message": f"{type(exc).__name__}: {exc}"})
+        client.send({"type": "error", "message": f"{type(exc).__name__}: {exc}", "log": own_log_path()})
         raise
     finally:
         client.close()
@@ -154,6 +155,7 @@ def _generate_until_stopped(
                     engine.submit(
                         item["group_id"], item["prompt"], num_samples=item["num_samples"],
                         max_new_tokens=item["max_new_tokens"], seed=item["seed"],
+                        interrupt=interrupt_from_wire(item.get("interrupt")),
                     )  # fmt: skip
                     running += 1
             elif kind == "weights":

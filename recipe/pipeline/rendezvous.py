@@ -34,6 +34,16 @@ class Rendezvous:
         return f"tcp://{self.host}:{self.control_port}"
 
 
+def withdraw(run_dir: Path, attempt_key: str) -> None:
+    """Remove this attempt's rendezvous (at the end of the run): nobody joins a run that is over."""
+    path = run_dir / RENDEZVOUS_FILE
+    try:
+        if json.loads(path.read_text()).get("attempt_key") == attempt_key:
+            path.unlink()
+    except (OSError, ValueError):
+        pass
+
+
 def publish(run_dir: Path, rendezvous: Rendezvous) -> None:
     path = run_dir / RENDEZVOUS_FILE
     staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")

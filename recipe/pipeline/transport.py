@@ -7,7 +7,9 @@ The weights themselves do not travel here but over the weight group (`recipe.eng
 this channel carries what comes before a push, its `WeightMeta`.
 
 trainer rank 0 -> generator:
-  {"type": "work", "items": [{group_id, prompt, num_samples, max_new_tokens, seed}, ...]}
+  {"type": "work", "items": [{group_id, prompt, num_samples, max_new_tokens, seed[, interrupt]}, ...]}
+      (interrupt, under length.control=interrupt: {"close_id": c, "phrase_ids": [...], "budgets": [one
+      thinking budget per sample]}, see `interrupt_to_wire`)
   {"type": "weights", "version": v, "meta": [[name, dtype, shape], ...]}  (then the broadcast)
   {"type": "stop"}
 generator -> trainer rank 0:
@@ -28,6 +30,7 @@ from typing import Any
 import zmq
 
 from recipe.engines.base import Group, Sample, WeightMeta
+from recipe.model.sampler import Interrupt
 
 Message = dict[str, Any]
 
@@ -133,6 +136,7 @@ def group_to_wire(group: Group) -> Message:
                 "finished": s.finished,
                 "version_start": s.version_start,
                 "version_end": s.version_end,
+                **({"forced": list(s.forced)} if s.forced else {}),
             }
             for s in group.samples
         ],
@@ -147,6 +151,7 @@ def group_from_wire(data: Message) -> Group:
             finished=bool(s["finished"]),
             version_start=int(s["version_start"]),
             version_end=int(s["version_end"]),
+            forced=tuple(int(i) for i in s.get("forced", ())),
         )
         for s in data["samples"]
     )
@@ -159,3 +164,21 @@ def meta_to_wire(meta: WeightMeta) -> list[list[Any]]:
 
 def meta_from_wire(data: list[list[Any]]) -> WeightMeta:
     return tuple((str(name), str(dtype), tuple(int(n) for n in shape)) for name, dtype, shape in data)
+
+
+def interrupt_to_wire(interrupt: Interrupt) -> Message:
+    """A group's forced interruption: the phrase and one thinking budget per sample."""
+    return {
+        "close_id": interrupt.close_id,
+        "phrase_ids": list(interrupt.phrase_ids),
+        "budgets": [int(b) for b in interrupt.budget_B.tolist()],
+    }
+
+
+def interrupt_from_wire(data: Message | None) -> Interrupt | None:
+    if data is None:
+        return None
+    import torch
+
+    budgets = torch.tensor([int(b) for b in data["budgets"]], dtype=torch.long)
+    return Interrupt(int(data["close_id"]), tuple(int(t) for t in data["phrase_ids"]), budgets)
