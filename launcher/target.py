@@ -10,8 +10,6 @@ job would apply to that resolution runs here, before anything is registered, one
 
 - the local executors' layouts: one node; `--cluster debug` runs one task in this process;
 - the resolved engines importable in the job's Python;
-- vLLM with `engine.generator_ranks: 0` (the GPU default `engine.generator: auto`): vLLM runs on
-  generator ranks unless the colocated engine (`recipe/loop/colocated.py`) is present;
 - forced interruption (`length.control: interrupt`) where it can fire: a task with a thinking phase,
   room for the phrase and the answer below the cap;
 - trainer ranks sharing a GPU (NCCL refuses two ranks of its group on one device);
@@ -33,8 +31,6 @@ import recipe.config as recipe_config
 from recipe.config import SORT6_MAX_NEW_TOKENS, RecipeConfig
 
 ENGINE_PACKAGES = {"vllm": "vllm", "deepspeed": "deepspeed"}
-COLOCATED_MODULE = Path(__file__).resolve().parents[1] / "recipe" / "loop" / "colocated.py"
-"""Colocated vLLM (vLLM in the trainer's process, `engine.generator_ranks: 0`), where present."""
 
 
 @dataclass(frozen=True)
@@ -124,18 +120,6 @@ def check_engines_importable(spec: SweepSpec, target: Target, config: RecipeConf
         )  # fmt: skip
 
 
-def check_one_task_generator(spec: SweepSpec, target: Target, config: RecipeConfig) -> None:
-    if config.engine.generator_ranks or target.generator(config) != "vllm" or COLOCATED_MODULE.is_file():
-        return
-    requested = config.engine.generator
-    how = f"{requested!r} resolves to 'vllm' on this {target.words}, and" if requested == "auto" else "'vllm':"
-    raise GridError(
-        spec.path, "engine.generator", f"{how} with engine.generator_ranks=0 vLLM would have to run in the trainer's "
-        "task, which this version cannot; set engine.generator=torch, or engine.generator_ranks >= 1 with "
-        "resources.tasks_per_node to match"
-    )  # fmt: skip
-
-
 def check_interrupt(spec: SweepSpec, target: Target, config: RecipeConfig) -> None:
     """The job's `recipe.loop.checks.generation_cap` / `interrupt_rule` for the built-in tasks (math-jsonl's
     phrase length depends on the model's tokenizer: the job checks it)."""
@@ -178,7 +162,6 @@ def check_gpu_hours(spec: SweepSpec, target: Target, config: RecipeConfig) -> No
 TARGET_CHECKS: tuple[Callable[[SweepSpec, Target, RecipeConfig], None], ...] = (
     check_local_layout,
     check_engines_importable,
-    check_one_task_generator,
     check_interrupt,
     check_gpu_sharing,
     check_gpu_hours,
