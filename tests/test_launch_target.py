@@ -30,7 +30,7 @@ GRIDS = [
      {"engine.generator_ranks": 1, "engine.generator": "torch"}, None),
     ("cpu_vllm_generator_rank", "local", {"tasks_per_node": 2},
      {"engine.generator_ranks": 1, "engine.generator": "vllm"}, None),
-    ("cpu_vllm_in_one_task", "local", CPU, {"engine.generator": "vllm"}, "engine.generator"),
+    ("cpu_vllm_colocated_in_one_task", "local", CPU, {"engine.generator": "vllm"}, None),
     ("cpu_two_nodes_locally", "local", {"nodes": 2, "tasks_per_node": 1},
      {"engine.generator_ranks": 1}, "resources.nodes"),
     ("debug_two_tasks", "debug", {"tasks_per_node": 2}, {"engine.generator_ranks": 1}, "resources.tasks_per_node"),
@@ -41,7 +41,7 @@ GRIDS = [
      "length.interrupt_min": 3, "length.interrupt_max": 5}, "length.interrupt_min"),
     ("cpu_bf16", "local", CPU, {"model.dtype": "bfloat16"}, None),
     ("cpu_ppo_offpolicy", "local", CPU, {"async.mode": "ppo-offpolicy"}, None),
-    ("gpu_defaults_one_task_fake_gpu", "slurm", GPU1, {}, "engine.generator"),
+    ("gpu_defaults_one_task_fake_gpu", "slurm", GPU1, {}, None),  # vLLM colocated in the trainer's task
     ("gpu_torch_generator_one_task_fake_gpu", "slurm", GPU1, {"engine.generator": "torch"}, None),
     ("gpu_vllm_generator_rank_fake_gpu", "slurm", GPU2, {"engine.generator_ranks": 1}, None),
     ("gpu_gpu_hours_fake_gpu", "slurm", GPU2, {"engine.generator_ranks": 1, "budget.gpu_hours": 0.5}, None),
@@ -154,12 +154,12 @@ def test_auto_resolves_for_the_target_as_the_job_does(tmp_path):
 
 
 def test_a_refused_launch_prints_one_line_and_registers_nothing(tmp_path):
-    path = _sweep(tmp_path, GPU1, {})
+    path = _sweep(tmp_path, {"gpus_per_node": 1, "tasks_per_node": 3}, {"engine.generator_ranks": 1})
     db = f"sqlite:///{tmp_path / 'db.sqlite'}"
     result = CliRunner().invoke(cli, ["--db", db, "launch", str(path), "--cluster", "slurm"])
     assert result.exit_code != 0
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and "engine.generator" in lines[0] and "resolves to 'vllm'" in lines[0]
+    assert len(lines) == 1 and "resources.tasks_per_node" in lines[0], lines
     assert "Traceback" not in result.output
     assert not (tmp_path / "db.sqlite").exists() or "target-test" not in (tmp_path / "db.sqlite").read_bytes().decode(
         "latin-1"
@@ -169,9 +169,9 @@ def test_a_refused_launch_prints_one_line_and_registers_nothing(tmp_path):
 def test_the_scalerl_files_pass_every_launch_check(tmp_path):
     model = tmp_path / "hf-model"
     model.mkdir()
-    (model / "config.json").write_text("{}")
+    (model / "config.json").write_text('{"model_type": "llama"}')
     sample = ROOT / "recipe" / "tasks" / "math" / "math_sample.jsonl"
-    edits = [f"recipe.model.path={model}", f"recipe.data.train={sample}", f"recipe.data.valid={sample}"]
+    edits = [f"recipe.model.path={model}", f"recipe.data.train={sample}", f"recipe.data.valid={sample}", "recipe.data.num_valid_prompts=16"]
     gpu = CliRunner().invoke(
         cli, ["launch", str(ROOT / "sweeps" / "scalerl.yaml"), *edits, "--dry-run", "--cluster", "slurm"]
     )
