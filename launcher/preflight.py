@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from launcher.grid import GridError, RunPlan, SweepSpec
-from recipe.config import BUILTIN_MODEL_TASKS, SORT6_MAX_NEW_TOKENS, ConfigError, RecipeConfig, check_layout
+from recipe.config import BUILTIN_MODEL_TASKS, ConfigError, RecipeConfig, check_layout
 
 BUILTIN_PREFIX = "builtin:"
 ENGINE_MODULES = {("engine.generator", "vllm"): "vllm", ("engine.trainer", "deepspeed"): "deepspeed"}
@@ -55,21 +55,6 @@ def check_model_path(sweep_path: str, key: str, value: str, config: RecipeConfig
         raise GridError(
             sweep_path, key, f"{value!r}: its config.json names no model_type: not a Hugging Face model config"
         )
-
-
-def check_length_control(sweep_path: str, key: str, value: str, config: RecipeConfig) -> None:
-    """`length.control: interrupt` on a task without a thinking phase (sort6) is refused by the
-    job when a budget can be reached under the task's generation cap; refused here first."""
-    length = config.length
-    if value != "interrupt" or config.data.task != "sort6":
-        return
-    cap = min(SORT6_MAX_NEW_TOKENS, length.max_new_tokens)
-    if length.interrupt_min < cap:
-        raise GridError(
-            sweep_path, key, f"'interrupt' with length.interrupt_min={length.interrupt_min} below sort6's generation cap "
-            f"of {cap} tokens: sort6 has no thinking phase to interrupt; use 'penalty' or 'none', or "
-            f"length.interrupt_min >= {cap}",
-        )  # fmt: skip
 
 
 def check_data_file(sweep_path: str, key: str, value: str, config: RecipeConfig) -> None:

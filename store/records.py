@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from store.states import RunState
+from store.states import AttemptState, RunState
 
 PRUNE_EXEMPT = "exempt"
 """Key of a run's prune record (Run.prune) once resumed with --resume-pruned: never pruned again."""

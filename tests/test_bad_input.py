@@ -214,7 +214,7 @@ GRID = "name: g\nbudget: {steps: 2}\n"
         (["recipe.model.path=builtin:sort6-tyni"], "did you mean 'builtin:sort6-tiny'?"),
         (["recipe.model.path={empty_model}"], "its config.json names no model_type"),
         (["recipe.length.control=interrupt", "recipe.length.interrupt_min=3", "recipe.length.interrupt_max=5"],
-         "length.control: 'interrupt' with length.interrupt_min=3 below sort6's generation cap of 7 tokens"),
+         "length.interrupt_min: 3 with length.control=interrupt on sort6, which has no thinking phase to interrupt"),
         (["prune={{every: 1.0e-12}}"], "prune.every: invalid value 1e-12; expected a number in [0.001, 1]"),
         (["prune={{level: 0.4}}"], "prune.level: invalid value 0.4; expected a number in [0.5, 0.999]"),
         (["prune={{n_boot: 2.5}}"], "prune.n_boot: invalid value 2.5; expected an integer in [10, 10000]"),

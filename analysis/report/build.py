@@ -232,10 +232,10 @@ def _analyse_one(group: tuple[str, dict[str, Any], tuple[Curve, ...]], options: 
         scale = own_range if options.relative else 1.0
         fit_until = own_range if options.fit_until is None else options.fit_until * scale  # no --fit-until: all data
         if fit_until <= options.cutoff:
+            share = f" = {options.fit_until * 100:g}% of its compute" if options.relative and options.fit_until else ""
             raise ReportError(
                 f"configuration {label}: --cutoff ({options.cutoff:g}) lies at or beyond its --fit-until "
-                f"({fit_until:g} {'' if not options.relative else '= ' + format(options.fit_until * 100, 'g') + '% of its compute'}): "
-                "nothing left to fit; lower --cutoff"
+                f"({fit_until:g}{share}): nothing left to fit; lower --cutoff"
             )
         extrap = extrapolate(
             data, fit_options, fit_until=fit_until, predict_at=options.predict_at * scale,
