@@ -323,3 +323,45 @@ def own_slurm_queue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     cancel_own_jobs(base)
     yield
     cancel_own_jobs(base)
+
+
+# ---------------------------------------------------------------------------------------------
+# Driving the CLI and waiting on runs (the Slurm tests; imported as `from conftest import ...`)
+
+
+def sweep_cli(db: str, *args: str) -> tuple[int, str]:
+    """`sweep --db DB ARGS...` in this process: (exit code, output); an unexpected exception is raised."""
+    from click.testing import CliRunner
+
+    from launcher.cli import cli
+
+    result = CliRunner().invoke(cli, ["--db", db, *args], terminal_width=200)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
+
+
+def wait_for(condition, timeout_s: float = 240, what: str = "condition", every_s: float = 1.0):
+    """`condition()`'s first truthy value, polled every `every_s` s; an AssertionError after `timeout_s`."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def wait_ended(db: str, name: str, timeout_s: float = 300) -> list[dict]:
+    """The rows of `sweep status NAME --json` once every run of the sweep has ended."""
+    import json
+
+    def ended():
+        code, out = sweep_cli(db, "status", name, "--json")
+        assert code == 0, out
+        runs = json.loads(out)["runs"]
+        return runs if all(r["state"] in ("completed", "failed", "cancelled", "timeout") for r in runs) else None
+
+    return wait_for(ended, timeout_s, f"sweep {name} to end", every_s=2.0)

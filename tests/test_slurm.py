@@ -8,14 +8,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from conftest import sweep_cli as sweep
+from conftest import wait_ended, wait_for
 
 import launcher.slurm
-from launcher.cli import cli
 from recipe.config import RecipeConfig
 from store import NewRun, Store
 
@@ -39,31 +38,6 @@ def tiny(name: str, steps: int, extra: str = "") -> str:
     return TINY.format(name=name, steps=steps, extra=extra)
 
 
-def sweep(db: str, *args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(cli, ["--db", db, *args], terminal_width=200)
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.output
-
-
-def wait_for(condition, timeout_s: float = 240, what: str = "condition", every_s: float = 1.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-def wait_ended(db: str, name: str, timeout_s: float = 300) -> list[dict]:
-    def ended():
-        code, out = sweep(db, "status", name, "--json")
-        assert code == 0, out
-        runs = json.loads(out)["runs"]
-        return runs if all(r["state"] in ("completed", "failed", "cancelled", "timeout") for r in runs) else None
-
-    return wait_for(ended, timeout_s, f"sweep {name} to end", every_s=2.0)
 
 
 def expected_eval_steps(cfg: RecipeConfig) -> list[int]:
