@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import re
 import math
 import os
 import platform
@@ -418,7 +419,7 @@ def run_pipeline(label: str, settings: Settings, out: Path, store: StoreHandle, 
     progress(f"{label} run: {settings.steps} steps, 2 tasks (logs in {out / 'logs'})")
     codes = start_and_wait(spec_path, out / "logs", label, num_tasks=2, deadline=deadline, settings=settings)
     reports = [_read_json(run_dir / f"task{rank}.json") for rank in range(2)]
-    result.weight_backend = _read_json(run_dir / "rendezvous.json").get("weight_backend", "?")  # LeadTeam's choice for the weight group
+    result.weight_backend = weight_backend(out / "logs" / f"{label}-task1.log")
     result.trainer_device = reports[0].get("trainer_device", "?")
     result.generator_device = reports[1].get("generator_device", "?")
     errors = [f"task {rank} exited {code}: {why_failed(code, out / 'logs' / f'{label}-task{rank}.log', reports[rank])}"
@@ -514,6 +515,16 @@ def why_failed(code: int, log: Path, report: dict[str, Any]) -> str:
     except OSError:
         return f"no log at {log}"
     return lines[-1][:300] if lines else f"empty log {log}"
+
+
+def weight_backend(generator_log: Path) -> str:
+    """The weight group's backend as the generator joined it (LeadTeam's choice; the rendezvous
+    file that also names it is withdrawn when the run ends)."""
+    try:
+        found = re.findall(r"joined the weight group \((\w+)\)", generator_log.read_text(errors="replace"))
+    except OSError:
+        return "?"
+    return found[-1] if found else "?"
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -821,11 +821,4 @@ def check_layout(cfg: RecipeConfig, *, num_nodes: int, tasks_per_node: int) -> L
         )  # fmt: skip
     if ranks >= tasks and ranks > 0:
         raise ConfigError(key, f"{ranks} with {shape}: leaves no trainer rank; must be below {tasks}")
-    trainers = layout.num_trainers
-    if num_nodes > 1 and trainers > tasks_per_node and trainers % tasks_per_node:
-        raise ConfigError(
-            key, f"{ranks} with {shape}: the {trainers} trainer ranks would share a node with generators; "
-            f"trainers fill whole nodes, so {tasks} - generator_ranks must be a multiple of {tasks_per_node} "
-            f"(or at most {tasks_per_node})"
-        )  # fmt: skip
     return layout
