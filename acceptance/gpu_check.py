@@ -26,10 +26,10 @@ import argparse
 import dataclasses
 import importlib.util
 import json
-import re
 import math
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys

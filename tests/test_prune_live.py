@@ -72,7 +72,11 @@ def test_the_scheduler_prunes_the_dominated_run_after_a_checkpoint_and_it_resume
     assert 0.2 * 180 <= stopped_at < 180, attempt.exit_reason
     checkpoint = store.checkpoints(frozen)[-1]
     assert checkpoint.step == stopped_at and Path(checkpoint.path).exists()  # checkpointed, and kept
-    assert all(store.get_run(r).state in (RunState.RUNNING, RunState.COMPLETED) for r in learners)
+    # The learners are not pruned (one may still wait for the slot the pruned run just gave back).
+    assert all(
+        store.get_run(r).state in (RunState.QUEUED, RunState.PENDING, RunState.RUNNING, RunState.COMPLETED)
+        for r in learners
+    ), [store.get_run(r).state for r in learners]
 
     waiting(store, lambda: all(store.get_run(r).state == RunState.COMPLETED for r in learners), 240, "the others")
     assert all(store.get_run(r).step == 180 and store.get_run(r).prune["judged_at"] >= 0.2 for r in learners)
