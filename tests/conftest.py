@@ -365,3 +365,20 @@ def wait_ended(db: str, name: str, timeout_s: float = 300) -> list[dict]:
         return runs if all(r["state"] in ("completed", "failed", "cancelled", "timeout") for r in runs) else None
 
     return wait_for(ended, timeout_s, f"sweep {name} to end", every_s=2.0)
+
+
+def gather_ranks(procs, results, convert=lambda value: value) -> dict:
+    """{rank: convert(value)} from spawned rank processes that each put (rank, value) on the
+    `results` queue; every process joined (killed if hung), each must have exited 0."""
+    got = {}
+    try:
+        for _ in procs:
+            rank, value = results.get(timeout=300)
+            got[rank] = convert(value)
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.exitcode is None:
+                p.kill()
+    assert [p.exitcode for p in procs] == [0] * len(procs)
+    return got

@@ -14,16 +14,14 @@ was a path (bytes, not MB).
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
 import pickle
-import socket
 from pathlib import Path
 
 import pytest
+from conftest import gather_ranks, require_module
 
-if importlib.util.find_spec("deepspeed") is None:
-    pytest.skip("deepspeed is not installed (pip install deepspeed==0.19.8)", allow_module_level=True)
+require_module("deepspeed")  # a skip, or a failure under SWEEP_REQUIRE_SERVICES=1
 if not Path("/proc/self/clear_refs").exists():
     pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak resident memory", allow_module_level=True)
 
@@ -35,6 +33,7 @@ from recipe.loop import checkpoint  # noqa: E402
 from recipe.loop.state import build_optimizer, build_trainer  # noqa: E402
 from recipe.pipeline.lead import LeadTrainer  # noqa: E402
 from recipe.pipeline.peer import follow  # noqa: E402
+from recipe.pipeline.rendezvous import free_port  # noqa: E402
 from recipe.config import resolve  # noqa: E402
 from recipe.engines.precision_probe import VOCABULARY, random_batch  # noqa: E402
 from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer  # noqa: E402
@@ -131,12 +130,6 @@ def _rank(rank: int, port: int, directory: Path, results) -> None:
         dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> dict[int, dict]:
     # Every tensor of 64 KB or more in memory of its own, returned to the OS when freed (glibc):
@@ -151,18 +144,7 @@ def two_ranks(tmp_path_factory) -> dict[int, dict]:
             p.start()
     finally:
         del os.environ["MALLOC_MMAP_THRESHOLD_"]
-    got = {}
-    try:
-        for _ in procs:
-            rank, value = results.get(timeout=300)
-            got[rank] = value
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.exitcode is None:
-                p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
-    return got
+    return gather_ranks(procs, results)
 
 
 def test_only_trainer_rank_0_materialises_the_whole_state(two_ranks):

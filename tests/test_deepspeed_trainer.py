@@ -23,7 +23,7 @@ require_module("deepspeed")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-from conftest import random_batch, tiny_model  # noqa: E402
+from conftest import gather_ranks, random_batch, tiny_model  # noqa: E402
 
 from recipe.config import ConfigError, NotAvailableError, resolve  # noqa: E402
 from recipe.engines.base import TrainBatch  # noqa: E402
@@ -142,18 +142,7 @@ def two_ranks(tmp_path_factory) -> dict[int, dict]:
     procs = [ctx.Process(target=_rank, args=(rank, port, directory, results)) for rank in (0, 1)]
     for p in procs:
         p.start()
-    got = {}
-    try:
-        for _ in procs:
-            rank, value = results.get(timeout=300)
-            got[rank] = _torch(value)
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.exitcode is None:
-                p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
-    return got
+    return gather_ranks(procs, results, _torch)
 
 
 @pytest.fixture(scope="module")
