@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 
 from recipe.engines.weights import (
     TorchWeightSender,
+    buckets,
     WeightGroupSpec,
     generator_rank,
     init_weight_group,
@@ -121,3 +122,18 @@ def test_nccl_without_cuda_says_so_gpu_only():
     # refused before the store waits on anyone
     with pytest.raises(RuntimeError, match="needs CUDA"):
         init_weight_group(spec, rank=0)
+
+
+def test_buckets_pack_consecutive_tensors_of_one_dtype_up_to_the_size_bound():
+    meta = (
+        ("a", "float32", (4, 4)),  # 64 bytes
+        ("b", "float32", (8,)),  # 32
+        ("c", "bfloat16", (10,)),  # another dtype: a new bucket
+        ("d", "bfloat16", ()),  # 0-dim, 2 bytes
+        ("e", "float32", (40,)),  # 160 bytes: over the bound, alone
+        ("f", "float32", (2,)),
+    )
+    assert buckets(meta, bucket_bytes=100) == [[0, 1], [2, 3], [4], [5]]
+    assert buckets(meta, bucket_bytes=1 << 20) == [[0, 1], [2, 3], [4, 5]]
+    assert buckets(meta, bucket_bytes=1) == [[i] for i in range(6)]  # every tensor alone
+    assert buckets(()) == []

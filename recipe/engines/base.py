@@ -101,7 +101,8 @@ WeightMeta = tuple[tuple[str, str, tuple[int, ...]], ...]
 
 The push's wire contract (`recipe.engines.weights`): trainer rank 0 is rank 0 of a weight group
 whose generator i is rank 1 + i (its `rank_offset`); it sends the `WeightMeta` to the generators
-over the control channel, then broadcasts the tensors one by one in that order from rank 0. The
+over the control channel, then broadcasts the tensors in that order from rank 0, packed into
+buckets of one dtype (`recipe.engines.weights.buckets`). The
 group is gloo on CPU and NCCL on GPU, created outside the trainers' own process group.
 """
 

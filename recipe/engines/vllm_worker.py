@@ -53,7 +53,7 @@ class GlooUpdateInfo(WeightTransferUpdateInfo):
 
 
 class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
-    """Receives a push over the project's gloo weight group and loads it tensor by tensor."""
+    """Receives a push over the project's gloo weight group and loads it tensor by tensor as each bucket lands."""
 
     init_info_cls = GlooInitInfo
     update_info_cls = GlooUpdateInfo

@@ -8,8 +8,12 @@ The wire contract (`recipe.engines.base.WeightMeta`):
   generator process has no default group at all.
 - The group is gloo on CPU and NCCL on GPU (`backend_for`).
 - Per push, trainer rank 0 sends the `WeightMeta` (name, dtype, shape of every tensor) over the
-  control channel first; then it broadcasts the tensors from rank 0, one by one, in meta order.
-  Every receiver allocates each tensor from the meta and joins the same broadcasts.
+  control channel first; then it broadcasts the tensors from rank 0 in meta order, packed into
+  buckets: consecutive tensors of one dtype share a flat buffer of at most `BUCKET_BYTES` (a
+  larger tensor travels alone), one broadcast per bucket. Both sides cut the buckets from the
+  meta alone (`buckets`), so every receiver allocates the same buffers and joins the same
+  broadcasts. A small model is one or two broadcasts, not one per tensor (each a round trip on
+  gloo); neither side ever holds more than one bucket beyond the model.
 
 The same sender (`TorchWeightSender`) feeds the torch generator (`receive_into` in its process)
 and the vLLM generator on CPU (the project's gloo weight-transfer backend in
@@ -20,6 +24,7 @@ either engine. vLLM's stock NCCL backend on GPU has its own wire (see `recipe.en
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -30,6 +35,8 @@ import torch.distributed as dist
 from recipe.engines.base import WeightMeta
 
 BACKENDS = ("gloo", "nccl")
+BUCKET_BYTES = 64 << 20
+"""The largest flat buffer a push packs tensors into (one broadcast each)."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,22 @@ def _broadcast(group: dist.ProcessGroup, tensor: torch.Tensor) -> None:
     group.broadcast([tensor], options).wait()
 
 
+def buckets(meta: WeightMeta, bucket_bytes: int = BUCKET_BYTES) -> list[list[int]]:
+    """The push's broadcasts: runs of consecutive meta entries of one dtype, each run's bytes
+    at most `bucket_bytes` (an entry larger than that is a run of its own)."""
+    out: list[list[int]] = []
+    size, dtype = 0, None
+    for i, (_, name, shape) in enumerate(meta):
+        nbytes = math.prod(shape) * dtype_of(name).itemsize
+        if out and name == dtype and size + nbytes <= bucket_bytes:
+            out[-1].append(i)
+            size += nbytes
+        else:
+            out.append([i])
+            size, dtype = nbytes, name
+    return out
+
+
 class TorchWeightSender:
     """Trainer rank 0's end of the weight group (a `recipe.engines.base.WeightSender`)."""
 
@@ -125,9 +148,11 @@ class TorchWeightSender:
         self.version = 0
 
     def push(self, weights: Sequence[tuple[str, torch.Tensor]], *, version: int) -> None:
-        """Broadcast the tensors in order; the generators got `weight_meta(weights)` first."""
-        for _, tensor in weights:
-            _broadcast(self.group, tensor.detach().to(self.device).contiguous())
+        """Broadcast the tensors bucket by bucket; the generators got `weight_meta(weights)` first."""
+        for bucket in buckets(weight_meta(weights)):
+            tensors = [weights[i][1].detach().to(self.device) for i in bucket]
+            flat = tensors[0].contiguous() if len(tensors) == 1 else torch.cat([t.reshape(-1) for t in tensors])
+            _broadcast(self.group, flat)
         self.version = version
 
     def close(self) -> None:
@@ -137,15 +162,19 @@ class TorchWeightSender:
 def receive_into(
     group: dist.ProcessGroup, meta: WeightMeta, *, device: torch.device | str = "cpu"
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """A generator's end of one push: yields each (name, tensor) as its broadcast lands.
+    """A generator's end of one push: yields each (name, tensor) as its bucket lands (views of
+    the bucket's own buffer).
 
-    Lazy: every tensor must be consumed (one broadcast each, in order) or the group hangs; the
-    caller loads each tensor as it comes, so a push never holds two copies of the whole model.
+    Lazy: every tensor must be consumed (one broadcast per bucket, in order) or the group hangs;
+    the caller loads each tensor as it comes, so a push never holds two copies of the whole model.
     """
-    for name, dtype, shape in meta:
-        tensor = torch.empty(shape, dtype=dtype_of(dtype), device=device)
-        _broadcast(group, tensor)
-        yield name, tensor
+    for bucket in buckets(meta):
+        entries = [meta[i] for i in bucket]
+        sizes = [math.prod(shape) for _, _, shape in entries]
+        flat = torch.empty(sum(sizes), dtype=dtype_of(entries[0][1]), device=device)
+        _broadcast(group, flat)
+        for (name, _, shape), view in zip(entries, flat.split(sizes), strict=True):
+            yield name, view.view(shape)
 
 
 def weight_checksums(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, str]:
