@@ -50,6 +50,11 @@ class _Running:
 class TorchGenerator:
     """A `recipe.engines.base.StreamingGenerator` (and blocking `Generator`) on a torch model."""
 
+    poll_timeout_s = 0.0
+    """What a generator rank passes to `poll`: this engine computes in `poll`, so it returns after
+    one round of chunks and the rank reads its control channel between rounds (a weight push
+    waits one round, ~4 decode steps, not until a group finishes)."""
+
     def __init__(
         self, model: torch.nn.Module, *, eos_id: int, pad_id: int, version: int = 0, chunk_tokens: int = 4
     ) -> None:
