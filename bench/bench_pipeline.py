@@ -10,7 +10,9 @@ one after the other, so neither competes with the other for the cores:
 - one task: `engine.generator_ranks: 0`, `resources.tasks_per_node: 1`, `engine.threads` = the
   cores (it has them all; generation and training alternate in it, lag 0);
 - PipelineRL-8: the file as it is, two tasks of one thread each (the generator streams while the
-  trainer trains; weights pushed in flight, lag up to 8).
+  trainer trains; weights pushed in flight, lag up to 8);
+- for reference, one task on one thread: how much of the one-task run's speed is its second
+  thread (intra-op parallelism), which the pipeline's tasks do not have.
 
 Figures, from the store: steps/s over the whole job (the attempt's start to its end: loading,
 evaluations and checkpoints included, the same work in both), the step at which the held-out
@@ -80,12 +82,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.smoke:
         edits = ["budget.steps=6", "recipe.batch.prompts=4", "recipe.batch.generations=4", "recipe.eval.every=3",
                  "recipe.eval.samples=1", "recipe.data.num_valid_prompts=16"]  # fmt: skip
-    one_task = [*edits, "recipe.engine.generator_ranks=0", "resources.tasks_per_node=1", f"recipe.engine.threads={cores}"]
+    one_task = [*edits, "recipe.engine.generator_ranks=0", "resources.tasks_per_node=1"]
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
         workdir = Path(tmp)
-        alone = run("bench-one-task", one_task, workdir)
+        alone = run("bench-one-task", [*one_task, f"recipe.engine.threads={cores}"], workdir)
         piped = run("bench-pipeline-8", edits, workdir)
-    runs = {"one": alone, "pipe": piped}
+        single = run("bench-one-task-1-thread", [*one_task, "recipe.engine.threads=1"], workdir)
+    runs = {"one": alone, "pipe": piped, "single": single}
     rate = {k: v["steps"] / v["job_seconds"] for k, v in runs.items()}
     step = {k: step_reaching(v["points"], args.target) for k, v in runs.items()}
     reach = {k: None if step[k] is None else step[k] / rate[k] for k in runs}
@@ -98,7 +101,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"| run | steps/s (whole job) | job seconds | step reaching {args.target} | wall-clock to it | lag_max "
           "| interrupted |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
-    for key, name in (("one", "one task (alternating, lag 0)"), ("pipe", "PipelineRL-8 (1 trainer + 1 generator)")):
+    rows = (("one", f"one task (alternating, lag 0), {cores} threads"), ("pipe", "PipelineRL-8 (1 trainer + 1 generator, 1 thread each)"),
+            ("single", "one task, 1 thread (for reference: what each pipeline task has)"))  # fmt: skip
+    for key, name in rows:
         figures = runs[key]
         reached = "not reached" if step[key] is None else str(step[key])
         seconds = "-" if reach[key] is None else f"{reach[key]:.0f} s"
@@ -107,7 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     verdict = "PASS" if ratio >= TARGET_RATIO else "below target"
     reach_text = "n/a (a run did not reach it)" if reach_ratio is None else f"{reach_ratio:.2f}x"
     print(f"\nsteps/s ratio PipelineRL-8 / one task: **{ratio:.2f}x** (target >= {TARGET_RATIO}x: {verdict}); "
-          f"wall-clock to the target pass rate, one task / PipelineRL-8: {reach_text}")  # fmt: skip
+          f"wall-clock to the target pass rate, one task / PipelineRL-8: {reach_text}; "
+          f"PipelineRL-8 / one task on 1 thread: {rate['pipe'] / rate['single']:.2f}x")  # fmt: skip
 
 if __name__ == "__main__":
     main()
