@@ -1,17 +1,24 @@
 """The GPU check (issue 8; docs/engines.md, "GPU check"): a short RL run on the real multi-task
-path, and the throughput figures it records.
+path, the throughput figures it records, and the paths ScaleRL needs on a GPU.
 
     bash acceptance/gpu_check.sh [--smoke] [--steps N] [--out DIR] [--keep] [--vllm auto|off]
 
 Full check (one GPU, no network): a ~0.95B Llama built here from a config (random weights, the
-project's word-level sort6 tokenizer padded to a 32,000-token vocabulary), trained for a few
-dozen steps with the torch engine on CUDA (`model.dtype: bfloat16`, `precision.lm_head_fp32:
-true`) as a 2-task run: trainer rank 0 and one torch generator rank in separate processes on the
-one GPU (`engine.generator_ranks: 1`, `async.mode: pipeline`, k = 2). The tasks are started the
+project's word-level sumk tokenizer padded to a 32,000-token vocabulary), trained for a few
+dozen steps with the torch engine on CUDA (`model.dtype: bfloat16` with fp32 master weights,
+`precision.lm_head_fp32: true`) as a 2-task run: trainer rank 0 and one torch generator rank in
+separate processes on the one GPU (`engine.generator_ranks: 1`, `async.mode: pipeline`, k = 2),
+with ScaleRL's forced interruption on the generator rank (`length.control: interrupt`: the share
+of completions interrupted is a figure, and none is a failure). The tasks are started the
 way a local launcher starts them (SWEEP_NUM_TASKS / SWEEP_TASK_RANK, read by
 `recipe.pipeline.env.task_env`); task 0 runs `recipe.loop.train.train` with a `recipe.pipeline.lead.LeadTeam` and
-records into a SQLite store, task 1 runs `recipe.pipeline.peer.run_peer`. `--smoke`: the same path on
-CPU with the built-in tiny shape, in well under 3 minutes on 2 cores.
+records into a SQLite store, task 1 runs `recipe.pipeline.peer.run_peer`. Then the precision probe
+(`recipe.engines.precision_probe`) on the same device: a bf16 body at ScaleRL's lr 1e-6 with the
+torch trainer and with DeepSpeed ZeRO-2 follows the fp32 run through its fp32 masters, where
+bf16 stepped without masters stays put (a learning signal, not a speed). Where vLLM is present,
+vLLM as the generator rank against vLLM standalone, and vLLM colocated in the trainer's process
+(one task, `engine.generator_ranks: 0`: a GPU node's default). `--smoke`: the same paths on
+CPU with the built-in tiny shape, in about 3 minutes on 2 cores.
 
 Stdout shows the report to a person, one `key: value [unit]` line each, then `PASS` or
 `FAIL: reasons` (docs/engines.md lists every key); libraries may log there too. `--report FILE`
@@ -47,9 +54,15 @@ H200_BF16_DENSE_PEAK_FLOPS = 989e12
 """NVIDIA H200 (SXM) dense bf16 tensor-core peak, FLOP/s (no sparsity): the MFU denominator."""
 VLLM_IN_LOOP_TARGET = 0.90
 """vLLM's generation rate inside the loop over its rate standalone, at least (full check only)."""
-VLLM_EXTRA_S = 180.0
+VLLM_EXTRA_S = 300.0
 """More time allowed when the vLLM comparison runs (a second run and a standalone engine)."""
 SWEEP, MAX_LAG = "gpu-check", 2
+INTERRUPT_MIN, INTERRUPT_MAX = 4, 8
+"""The run's thinking budgets (length.control=interrupt)."""
+PROBE_STEPS, PROBE_LR = 8, 1e-6
+"""The precision probe: steps at ScaleRL's learning rate (recipe.engines.precision_probe)."""
+MASTERS_TRACKING_MAX, NO_MASTERS_MOVED_MAX = 0.1, 0.25
+"""With fp32 masters a bf16 run follows the fp32 run within 10 %; without, it moves < 25 % as far."""
 REQUIRED = {"torch": "torch", "transformers": "transformers", "tokenizers": "tokenizers", "zmq": "pyzmq",
             "filelock": "filelock", "numpy": "numpy", "safetensors": "safetensors"}  # fmt: skip
 """Module -> distribution the check cannot run without."""
@@ -214,6 +227,7 @@ def check(settings: Settings, out: Path, args: argparse.Namespace, report: Repor
     report.add_all(torch_run.lines(settings, args.peak_tflops * 1e12, prefix=""))
     report.failures += torch_run.failures(settings, cuda)
 
+    precision(settings, "cuda" if cuda else "cpu", report)
     vllm_comparison(settings, out, store, args, cuda, deadline, report)
     wall = time.monotonic() - started
     report.add("wall_s", f"{wall:.1f} s")
@@ -232,11 +246,11 @@ def build_model(settings: Settings, directory: Path, device: str) -> ModelInfo:
     import torch
 
     from recipe.model.policy import TinyLlamaShape, build_tiny_llama, build_tokenizer, matmul_param_count
-    from recipe.tasks import sort6
+    from recipe.tasks import sumk
 
-    extra = settings.vocab_size - len(sort6.VOCABULARY)
-    vocabulary = (*sort6.VOCABULARY, *(f"<extra_{i}>" for i in range(max(0, extra))))
-    tokenizer = build_tokenizer(vocabulary, eos=sort6.EOS, pad=sort6.PAD)
+    extra = settings.vocab_size - len(sumk.VOCABULARY)
+    vocabulary = (*sumk.VOCABULARY, *(f"<extra_{i}>" for i in range(max(0, extra))))
+    tokenizer = build_tokenizer(vocabulary, eos=sumk.EOS, pad=sumk.PAD)
     shape = TinyLlamaShape(
         hidden_size=settings.hidden_size,
         intermediate_size=settings.intermediate_size,
@@ -264,17 +278,25 @@ def describe_model(settings: Settings, info: ModelInfo) -> str:
     )
 
 
-def recipe_config(settings: Settings, model_dir: Path, generator: str) -> dict[str, Any]:
-    from recipe.config import resolve
+def recipe_config(settings: Settings, model_dir: Path, generator: str, *, generator_ranks: int = 1) -> dict[str, Any]:
+    """The check's run: sumk with ScaleRL's forced interruption (thinking budgets of 4-8 tokens;
+    a random policy rarely closes its thinking, so most completions are interrupted and answer
+    after the forced `</think>`), bf16 body with fp32 masters and the FP32 LM head."""
+    from recipe.config import SUMK_ANSWER_TOKENS, resolve
 
     return resolve(
         {
             "model.path": str(model_dir),
             "model.dtype": "bfloat16",
             "precision.lm_head_fp32": True,
+            "data.task": "sumk",
+            "length.control": "interrupt",
+            "length.max_new_tokens": INTERRUPT_MAX + SUMK_ANSWER_TOKENS,  # `</think>`, answer, EOS
+            "length.interrupt_min": INTERRUPT_MIN,
+            "length.interrupt_max": INTERRUPT_MAX,
             "engine.generator": generator,
             "engine.trainer": "torch",
-            "engine.generator_ranks": 1,
+            "engine.generator_ranks": generator_ranks,
             "engine.threads": settings.threads,
             "engine.peer_timeout_s": float(min(240, settings.deadline_s)),
             "async.mode": "pipeline",
@@ -333,6 +355,8 @@ def open_store(out: Path) -> StoreHandle:
 @dataclass
 class RunResult:
     label: str
+    pipelined: bool = True
+    """Trainer and generator in two tasks (else one task: colocated vLLM)."""
     state: str = "not run"
     final_step: int = 0
     error: str | None = None
@@ -356,6 +380,11 @@ class RunResult:
             out.append((f"{prefix}error", self.error))
         if not f:
             return out
+        if not self.pipelined:
+            return out + [
+                (f"{prefix}step_s", f"{f['step_s']:.4g} s/step"),
+                (f"{prefix}interrupted_fraction", f"{100 * f['interrupted_fraction']:.1f} % of completions"),
+            ]
         mfu = f["trainer_flops_per_s"] / peak_flops
         return out + [
             (f"{prefix}steps_measured", f"{f['steps_measured']:.0f} steps"),
@@ -371,6 +400,7 @@ class RunResult:
             (f"{prefix}lag_max", f"{f['lag_max']:.0f} versions"),
             (f"{prefix}lag_mean", f"{f['lag_mean']:.3g} versions"),
             (f"{prefix}num_dropped", f"{f['num_dropped']:.0f} samples"),
+            (f"{prefix}interrupted_fraction", f"{100 * f['interrupted_fraction']:.1f} % of completions"),
         ]
 
     def failures(self, settings: Settings, cuda: bool) -> list[str]:
@@ -388,10 +418,13 @@ class RunResult:
         f = self.figures
         if f:
             for key in ("generation_tokens_per_s", "trainer_tokens_per_s", "trainer_flops_per_s", "weight_push_s"):
-                if not (math.isfinite(f[key]) and f[key] > 0):
+                if key in f and not (math.isfinite(f[key]) and f[key] > 0):
                     out.append(f"{name}: {key} = {f[key]} (expected a positive number)")
-            if not 1 <= f["lag_max"] <= MAX_LAG:
+            if self.pipelined and not 1 <= f["lag_max"] <= MAX_LAG:
                 out.append(f"{name}: lag_max {f['lag_max']:.0f} outside [1, k={MAX_LAG}]")
+            if not f["interrupted_fraction"] > 0:
+                out.append(f"{name}: no completion was interrupted (length.control=interrupt, budgets "
+                           f"{INTERRUPT_MIN}-{INTERRUPT_MAX} thinking tokens)")  # fmt: skip
         elif not out:
             out.append(f"{name}: no figures")
         if cuda and not (self.trainer_device.startswith("cuda") and self.generator_device.startswith("cuda")):
@@ -399,13 +432,17 @@ class RunResult:
         return out
 
 
-def run_pipeline(label: str, settings: Settings, out: Path, store: StoreHandle, *, generator: str, deadline: float) -> RunResult:
-    """One run of `settings.steps` steps: trainer rank 0 and one generator rank, two processes."""
-    result = RunResult(label)
+def run_pipeline(
+    label: str, settings: Settings, out: Path, store: StoreHandle, *, generator: str, deadline: float, colocated: bool = False
+) -> RunResult:  # fmt: skip
+    """One run of `settings.steps` steps: trainer rank 0 and one generator rank, two processes
+    (`colocated`: one process, the generator in the trainer's, `engine.generator_ranks: 0`)."""
+    result = RunResult(label, pipelined=not colocated)
+    num_tasks = 1 if colocated else 2
     run_id = f"gpu-check-{label}"
     run_dir = out / "runs" / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
-    config = recipe_config(settings, out / "model", generator)
+    config = recipe_config(settings, out / "model", generator, generator_ranks=num_tasks - 1)
     if store.url:
         from store import NewRun, Store
 
@@ -416,12 +453,15 @@ def run_pipeline(label: str, settings: Settings, out: Path, store: StoreHandle, 
             "require_cuda": settings.mode == "full"}  # fmt: skip
     spec_path = run_dir / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    progress(f"{label} run: {settings.steps} steps, 2 tasks (logs in {out / 'logs'})")
-    codes = start_and_wait(spec_path, out / "logs", label, num_tasks=2, deadline=deadline, settings=settings)
-    reports = [_read_json(run_dir / f"task{rank}.json") for rank in range(2)]
-    result.weight_backend = weight_backend(out / "logs" / f"{label}-task1.log")
+    progress(f"{label} run: {settings.steps} steps, {num_tasks} task(s) (logs in {out / 'logs'})")
+    codes = start_and_wait(spec_path, out / "logs", label, num_tasks=num_tasks, deadline=deadline, settings=settings)
+    reports = [_read_json(run_dir / f"task{rank}.json") for rank in range(num_tasks)]
     result.trainer_device = reports[0].get("trainer_device", "?")
-    result.generator_device = reports[1].get("generator_device", "?")
+    if colocated:
+        result.weight_backend, result.generator_device = "in place (one process)", result.trainer_device
+    else:
+        result.weight_backend = weight_backend(out / "logs" / f"{label}-task1.log")
+        result.generator_device = reports[1].get("generator_device", "?")
     errors = [f"task {rank} exited {code}: {why_failed(code, out / 'logs' / f'{label}-task{rank}.log', reports[rank])}"
               for rank, code in enumerate(codes) if code != 0]  # fmt: skip
     if errors:
@@ -438,8 +478,20 @@ def run_pipeline(label: str, settings: Settings, out: Path, store: StoreHandle, 
     else:
         result.metrics = {int(k): v for k, v in reports[0].get("metrics", {}).items()}
         result.eval_steps = sorted(int(k) for k in reports[0].get("eval_steps", []))
-    result.figures = figures(result.metrics, settings.skip_steps)
+    result.figures = figures(result.metrics, settings.skip_steps) if result.pipelined else colocated_figures(result.metrics)
     return result
+
+
+def colocated_figures(metrics: dict[int, dict[str, float]]) -> dict[str, float]:
+    """A one-task run has no push or generator timings: its step time and interruptions."""
+    if not metrics:
+        return {}
+    every = list(metrics.values())
+    return {
+        "steps_measured": len(every),
+        "step_s": sum(float(m["step_seconds"]) for m in every) / len(every),
+        "interrupted_fraction": sum(float(m.get("interrupted_fraction", 0)) for m in every) / len(every),
+    }
 
 
 def figures(metrics: dict[int, dict[str, float]], skip_steps: int) -> dict[str, float]:
@@ -463,6 +515,7 @@ def figures(metrics: dict[int, dict[str, float]], skip_steps: int) -> dict[str, 
         "lag_max": max(float(m.get("lag_max", math.nan)) for m in every),
         "lag_mean": sum(float(m.get("lag_mean", math.nan)) for m in every) / len(every),
         "num_dropped": sum(float(m.get("num_dropped", 0)) for m in every),
+        "interrupted_fraction": sum(float(m.get("interrupted_fraction", 0)) for m in every) / len(every),
     }
 
 
@@ -584,6 +637,44 @@ def vllm_comparison(
         report.failures.append(
             f"vLLM in the loop at {100 * ratio:.1f} % of standalone, below the {100 * VLLM_IN_LOOP_TARGET:.0f} % target"
         )
+    colocated = run_pipeline("vllm-colocated", settings, out, store, generator="vllm", deadline=deadline, colocated=True)
+    report.add_all(colocated.lines(settings, args.peak_tflops * 1e12, prefix="vllm_colocated_"))
+    report.failures += colocated.failures(settings, cuda)
+
+
+def precision(settings: Settings, device: str, report: Report) -> None:
+    """The precision probe with the torch trainer and DeepSpeed ZeRO-2 on the check's device:
+    bf16 with fp32 masters follows the fp32 run at lr 1e-6; bf16 without masters stays put."""
+    from recipe.engines.precision_probe import probe
+
+    for trainer, stage, key in (("torch", 0, "precision_torch"), ("deepspeed", 2, "precision_deepspeed_zero2")):
+        if not importable(trainer):
+            report.add(key, f"not run ({trainer} not importable; carry its wheel in acceptance/wheels/)")
+            if settings.mode == "full":
+                report.failures.append(f"{key}: not checked on CUDA, {trainer} is not importable")
+            continue
+        progress(f"precision probe: {trainer}{f' ZeRO-{stage}' if trainer == 'deepspeed' else ''} on {device}")
+        try:
+            result = probe(trainer, zero_stage=stage, steps=PROBE_STEPS, lr=PROBE_LR, device=device)
+        except Exception as exc:  # noqa: BLE001 - one line in the report; the traceback goes to stderr
+            traceback.print_exc()
+            report.add(key, f"failed: {error_line(exc)}")
+            report.failures.append(f"{key}: {error_line(exc)}")
+            continue
+        masters, plain = result.masters, result.no_masters
+        report.add(f"{key}_masters", f"tracking error {masters.tracking_error:.3f}, moved {masters.moved:.3f} of the "
+                                     f"fp32 run ({PROBE_STEPS} steps at lr {PROBE_LR:g})")  # fmt: skip
+        report.add(f"{key}_no_masters", f"tracking error {plain.tracking_error:.3f}, moved {plain.moved:.3f}")
+        if not (masters.tracking_error < MASTERS_TRACKING_MAX and 0.9 < masters.moved < 1.1):
+            report.failures.append(f"{key}: bf16 with fp32 masters does not follow the fp32 run "
+                                   f"(tracking error {masters.tracking_error:.3f}, moved {masters.moved:.3f})")  # fmt: skip
+        if not plain.moved < NO_MASTERS_MOVED_MAX:
+            report.failures.append(f"{key}: bf16 without masters moved {plain.moved:.3f} of the fp32 run: "
+                                   "the probe no longer tells the two apart")  # fmt: skip
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -677,6 +768,13 @@ def train_lead(spec: dict[str, Any], sink: Any, report: dict[str, Any]) -> dict[
     from recipe.pipeline.lead import LeadTeam
 
     cfg, run_dir, env = RecipeConfig.from_dict(spec["config"]), Path(spec["run_dir"]), task_env()
+    if cfg.engine.generator_ranks == 0:  # colocated: the generator lives in this process
+        from recipe.loop.state import policy_device
+
+        report["trainer_device"] = str(policy_device())
+        if spec["require_cuda"] and report["trainer_device"] == "cpu":
+            raise RuntimeError("the colocated run's policy would be on the CPU although the check needs CUDA")
+        return dataclasses.asdict(train(cfg, run_dir, sink, log=task_log))
     team = checked_team(LeadTeam)(cfg, run_dir, env, layout_of(cfg, env), task_log)
     team.require_cuda = spec["require_cuda"]
     try:
@@ -712,13 +810,13 @@ def standalone_vllm(spec: dict[str, Any]) -> int:
     completion tokens per second of generation (the first round is warm-up)."""
     from recipe.config import RecipeConfig
     from recipe.engines.vllm_engine import VllmGenerator, settings_from_config
-    from recipe.tasks import sort6
+    from recipe.tasks import sumk
     from transformers import PreTrainedTokenizerFast
 
     cfg, settings = RecipeConfig.from_dict(spec["config"]), Settings(**spec["settings"])
     tokenizer = PreTrainedTokenizerFast.from_pretrained(cfg.model.path)
     rounds = 3 if settings.mode == "smoke" else 6
-    prompts, _ = sort6.sort6_prompt_sets(settings.prompts * rounds, 1)
+    prompts, _ = sumk.prompt_sets(settings.prompts * rounds, 1, cfg.data.sumk_min_digits, cfg.data.sumk_max_digits)
     ids = [tokenizer(p).input_ids for p in prompts]
     engine = VllmGenerator(settings_from_config(cfg, cfg.model.path))
     tokens, seconds = 0, 0.0
@@ -727,7 +825,7 @@ def standalone_vllm(spec: dict[str, Any]) -> int:
             batch = ids[round_ * settings.prompts : (round_ + 1) * settings.prompts]
             started = time.perf_counter()
             groups = engine.generate(batch, num_samples=settings.generations,
-                                     max_new_tokens=sort6.SORT6_MAX_NEW_TOKENS, seed=round_ * 10_000)  # fmt: skip
+                                     max_new_tokens=cfg.length.max_new_tokens, seed=round_ * 10_000)  # fmt: skip
             if round_:
                 seconds += time.perf_counter() - started
                 tokens += sum(len(s.token_ids) for g in groups for s in g)

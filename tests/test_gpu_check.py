@@ -29,6 +29,7 @@ KEYS = [
     "mode", "device", "model", "store", "trainer_device", "generator_device", "weight_backend", "run", "steps_measured",
     "step_s", "generation_tokens_per_s", "generator_busy", "trainer_tokens_per_s", "trainer_flops_per_s",
     "mfu", "peak_flops_per_s", "weight_push_s", "weight_push_max_s", "lag_max", "lag_mean", "num_dropped",
+    "interrupted_fraction", "precision_torch_masters", "precision_torch_no_masters", "precision_deepspeed_zero2",
     "vllm", "wall_s",
 ]  # fmt: skip
 
@@ -171,7 +172,20 @@ def test_smoke_passes_in_the_gpu_nodes_python_with_the_carried_wheels(device_pyt
     assert len(rows) == 8
     assert number(fields["num_dropped"], "samples") == sum(m["num_dropped"] for m in rows)  # every step's drops
     assert number(fields["lag_max"], "versions") == max(m["lag_max"] for m in rows)
+    interrupted = number(fields["interrupted_fraction"], "% of completions")  # interruption on the generator rank
+    assert 0 < interrupted <= 100
+    assert interrupted == pytest.approx(100 * sum(m["interrupted_fraction"] for m in rows) / len(rows), abs=0.05)
+    masters, plain = precision_figures(fields["precision_torch_masters"]), precision_figures(fields["precision_torch_no_masters"])
+    assert masters["tracking error"] < 0.1 and 0.9 < masters["moved"] < 1.1  # bf16 with fp32 masters learns
+    assert plain["moved"] < 0.25  # bf16 stepped directly at lr 1e-6 stays put
+    assert fields["precision_deepspeed_zero2"].startswith("not run (deepspeed not importable")  # not in the node's Python
     assert number(fields["wall_s"], "s") < 180
+
+
+def precision_figures(value: str) -> dict[str, float]:
+    """'tracking error 0.012, moved 0.998 of the fp32 run (...)' -> {'tracking error': 0.012, 'moved': 0.998}"""
+    parts = value.split(" of the fp32 run")[0].split(", ")
+    return {part.rsplit(" ", 1)[0]: float(part.rsplit(" ", 1)[1]) for part in parts}
 
 
 def test_the_full_check_refuses_in_one_line_without_cuda():
@@ -190,7 +204,7 @@ def test_smoke_with_vllm_compares_vllm_in_the_loop_with_vllm_standalone(tmp_path
     report = tmp_path / "report.json"
     done = subprocess.run(
         ["bash", str(SCRIPT), "--smoke", "--vllm", "on", "--out", str(tmp_path / "out"), "--report", str(report)],
-        env=os.environ | {"PYTHON": sys.executable}, capture_output=True, text=True, timeout=420,
+        env=os.environ | {"PYTHON": sys.executable}, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     fields, verdict = read_report(report)
@@ -198,6 +212,14 @@ def test_smoke_with_vllm_compares_vllm_in_the_loop_with_vllm_standalone(tmp_path
     assert fields["vllm"].startswith("present (vllm")
     assert fields["vllm_generator_device"] == "cpu"
     assert fields["vllm_run"] == "completed at step 8 of 8, 8 train metric rows, eval points at steps [0, 8]"
+    # vLLM colocated in the trainer's process: a GPU node's default (one task, generator_ranks 0)
+    assert fields["vllm_colocated_run"] == "completed at step 8 of 8, 8 train metric rows, eval points at steps [0, 8]"
+    assert fields["vllm_colocated_weight_backend"] == "in place (one process)"
+    assert number(fields["vllm_colocated_interrupted_fraction"], "% of completions") > 0
+    # this Python has DeepSpeed: the ZeRO-2 trainer's fp32 masters follow the fp32 run
+    zero2 = precision_figures(fields["precision_deepspeed_zero2_masters"])
+    assert zero2["tracking error"] < 0.1 and 0.9 < zero2["moved"] < 1.1
+    assert precision_figures(fields["precision_deepspeed_zero2_no_masters"])["moved"] < 0.25
     assert number(fields["vllm_lag_max"], "versions") in (1, 2)
     in_loop = number(fields["vllm_generation_tokens_per_s"], "tokens/s")
     standalone = number(fields["vllm_standalone_tokens_per_s"], "tokens/s")
