@@ -238,3 +238,47 @@ def test_the_quickstart_page_shows_four_fitted_curves(browser, sqlite_url, tmp_p
             SCREENSHOT.write_bytes(shot.read_bytes())
     finally:
         srv.close()
+
+
+def test_the_backtest_section_replays_the_fits_and_shows_each_cut(browser, server, imported):  # noqa: F811
+    """Opening "Backtest" fetches /api/backtest (fits replayed at every cut of the finished sweep)
+    and draws it: one table row per cut whose counts are what analysis.backtest computes."""
+    from analysis.backtest import DEFAULT_CUTS
+    from analysis.report.backtest import sweep_backtest
+    from analysis.serve.app import BACKTEST
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    problems, _ = _watch(page)
+    page.goto(server.url, wait_until="load")
+    page.wait_for_selector("#runs tbody tr")
+    assert page.locator("#backtesttable tbody tr").count() == 0  # nothing is replayed until asked
+    page.locator("#backtestbox summary").click()
+    page.wait_for_function("() => document.body.dataset.backtest && document.body.dataset.backtest !== 'error'", timeout=60_000)
+    rows = page.locator("#backtesttable tbody tr")
+    assert rows.count() == len(DEFAULT_CUTS)
+    _, expected = sweep_backtest(Store(imported), "paper", BACKTEST)
+    for i, cut in enumerate(expected.cuts):
+        cells = [rows.nth(i).locator("td").nth(k).inner_text() for k in range(3)]
+        assert cells == [f"{round(100 * cut.fraction)}%", f"{cut.n_predicted}/{cut.n}",
+                         f"{cut.n_within}/{cut.n} ({round(100 * cut.share_within)}%)"]  # fmt: skip
+    plotted = page.evaluate("() => document.getElementById('backtest').data.map(t => t.meta)")
+    assert plotted == ["share_within", "tau", "tau_separated", "coverage", "median_abs_error"]
+    assert "of compute" in page.locator("#backtest-status").inner_text()
+    assert problems == []
+
+
+def test_the_backtest_api_says_why_when_nothing_has_finished(tmp_path, sqlite_url):
+    """A sweep with no completed configuration: the endpoint answers with the reason, not a 500."""
+    import json
+
+    from analysis.serve.app import Live, create_app
+    from analysis.serve.snapshot import ServeOptions
+    from starlette.testclient import TestClient
+    from store import NewRun
+
+    store = Store(sqlite_url)
+    store.upsert_sweep("pending", {"name": "pending"}, str(tmp_path), "local")
+    store.register_runs("pending", [NewRun("pending-0", 0, {}, {"lr": 1}, {"steps": 10}, str(tmp_path / "r"))])
+    live = Live(store, ["pending"], ServeOptions())
+    body = json.loads(TestClient(create_app(live)).get("/api/backtest/pending").content)
+    assert "no completed configuration" in body["error"]

@@ -5,7 +5,10 @@ A background thread polls the store's fingerprint of each sweep (`Store.sweep_st
 `poll_s` seconds and rebuilds that sweep's data when it changed (refitting only the
 configurations whose points changed, analysis.serve.snapshot); the page asks for the current
 version every second and fetches the data when it moved, so a new point reaches the chart
-without a reload. Handlers never fit: they hand out the newest JSON as it is.
+without a reload. Handlers never fit: they hand out the newest JSON as it is. The one exception
+is the backtest (`/api/backtest/{sweep}`, the page's "Backtest" section, `sweep report
+--backtest`'s figures): it replays fits at ten cuts, so it runs only when the section is opened,
+in a worker thread, and is kept until the sweep's fingerprint moves.
 
 Access: bound to 127.0.0.1 by default. On any other address a token is required (printed at
 start): `?token=` on the first request sets a cookie, and every request is checked against it
@@ -27,18 +30,24 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from analysis.backtest import BacktestOptions
+from analysis.report.backtest import sweep_backtest, to_json_dict
 from analysis.serve.snapshot import ServeOptions, SweepView
 from analysis.trackers import tracker_links
 from store import NotFoundError, Store, StoreError
 
 log = logging.getLogger("sweep.serve")
 COOKIE = "sweep_serve_token"
+BACKTEST = BacktestOptions(n_boot=50, workers=1)
+"""The page's backtest: `sweep report --backtest`'s cuts and bootstrap size, in the server's own
+process (no pool forked from a threaded server)."""
 
 
 def plotly_js() -> Path:
@@ -81,6 +90,7 @@ class Live:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _backtests: dict[str, tuple[Any, bytes]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in self.sweeps:
@@ -109,6 +119,23 @@ class Live:
         if not block:
             return {}
         return {r.id: tracker_links(block, sweep, r.id, r.run_dir) for r in self.store.runs(sweep)}
+
+    def backtest(self, sweep: str) -> bytes:
+        """The sweep's backtest as JSON (`analysis.report.backtest.to_json_dict`), or {"error": why}
+        while no configuration has completed; computed once per fingerprint of the sweep."""
+        stamp = self.store.sweep_stamp(sweep)
+        with self._lock:
+            cached = self._backtests.get(sweep)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        try:
+            axis, result = sweep_backtest(self.store, sweep, BACKTEST)
+            body = json.dumps(to_json_dict(sweep, axis, result), allow_nan=False).encode()
+        except ValueError as exc:
+            body = json.dumps({"error": str(exc)}).encode()
+        with self._lock:
+            self._backtests[sweep] = (stamp, body)
+        return body
 
     def published(self, sweep: str) -> _Published:
         with self._lock:
@@ -174,6 +201,10 @@ def create_app(live: Live, token: str | None = None) -> Starlette:
         current = live.published(sweep_of(request))
         return Response(current.body, media_type="application/json", headers={"X-Version": str(current.version)})
 
+    async def backtest(request: Request) -> Response:
+        body = await run_in_threadpool(live.backtest, sweep_of(request))
+        return Response(body, media_type="application/json")
+
     async def run_page(request: Request) -> Response:
         return HTMLResponse(_page("run.html"))
 
@@ -210,6 +241,8 @@ def create_app(live: Live, token: str | None = None) -> Starlette:
         Route("/api/version/{sweep}", version),
         Route("/api/sweep", data),
         Route("/api/sweep/{sweep}", data),
+        Route("/api/backtest", backtest),
+        Route("/api/backtest/{sweep}", backtest),
         Route("/run/{run}", run_page),
         Route("/api/run/{run}", run_data),
         Route("/static/plotly.min.js", plotly),

@@ -79,6 +79,40 @@ function draw() {
   drawTable();
 }
 
+const backtestBox = document.getElementById("backtestbox");
+let backtestVersion = -1;
+async function loadBacktest() {
+  if (!backtestBox.open || backtestVersion === version) return;
+  backtestVersion = version;
+  const status = document.getElementById("backtest-status");
+  status.textContent = "replaying the fits at every cut ...";
+  const b = await (await fetch("/api/backtest" + suffix)).json();
+  if (b.error) { status.textContent = b.error; document.body.dataset.backtest = "error"; return; }
+  const x = b.cuts.map((c) => 100 * c.fraction), pct = (v) => v === null ? "-" : `${Math.round(100 * v)}%`;
+  const line = (key, name, color, dash, yaxis) => ({x, y: b.cuts.map((c) => c[key]), name, mode: "lines+markers", type: "scatter",
+    line: {color, dash}, yaxis, meta: key});
+  Plotly.react("backtest", [
+    line("share_within", `share within ${b.tol}`, "#2ca02c", "solid", "y"),
+    line("tau", "Kendall tau", "#1f77b4", "solid", "y"),
+    line("tau_separated", `tau, finals > ${b.tol} apart`, "#17becf", "dash", "y"),
+    line("coverage", `${Math.round(100 * b.level)}% band coverage`, "#7f7f7f", "dot", "y"),
+    line("median_abs_error", "median |error|", "#d62728", "dash", "y2"),
+  ], {margin: {t: 20, r: 60}, xaxis: {title: "fit on the first x% of each configuration's compute"},
+      yaxis: {title: "share / tau", range: [-0.05, 1.05]}, yaxis2: {title: "|predicted - final|", overlaying: "y", side: "right", rangemode: "tozero"},
+      legend: {font: {size: 11}}}, {displaylogo: false, responsive: true});
+  document.querySelector("#backtesttable tbody").innerHTML = b.cuts.map((c) => {
+    const judged = c.configs.filter((k) => k.covered !== null), covered = judged.filter((k) => k.covered).length;
+    return `<tr data-cut="${c.fraction}"><td class="num">${pct(c.fraction)}</td><td class="num">${c.n_predicted}/${c.n}</td>` +
+      `<td class="num">${c.n_within}/${c.n} (${pct(c.share_within)})</td><td class="num">${fmt(c.median_abs_error)}</td>` +
+      `<td class="num">${fmt(c.max_abs_error)}</td><td class="num">${judged.length ? `${covered}/${judged.length}` : "-"}</td>` +
+      `<td class="num">${fmt(c.tau, 2)}</td><td class="num">${fmt(c.tau_separated, 2)}</td><td class="num">${fmt(c.p_best_winner, 2)}</td></tr>`;
+  }).join("");
+  status.textContent = b.earliest === null ? `no cut from which on >= 90% are within ${b.tol} and tau >= 0.8 (pairs apart)` :
+    `from ${pct(b.earliest)} of compute on, every cut has >= 90% within ${b.tol} and tau >= 0.8 (pairs apart)`;
+  document.body.dataset.backtest = String(version);
+}
+backtestBox.addEventListener("toggle", loadBacktest);
+
 async function poll() {
   try {
     const v = await (await fetch("/api/version" + suffix)).json();
@@ -88,6 +122,7 @@ async function poll() {
       version = +response.headers.get("X-Version");
       if (data) draw();
       document.body.dataset.version = version;
+      loadBacktest();
     }
     document.getElementById("live").textContent = v.error ? `store: ${v.error}` : `live (version ${version})`;
   } catch (e) {
