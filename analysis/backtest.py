@@ -25,12 +25,13 @@ import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from scipy.stats import kendalltau
 
 from analysis.data import CurveLike, as_curves
-from analysis.extrapolation import extrapolate, observed_at
+from analysis.extrapolation import Extrapolation, extrapolate, observed_at
 from analysis.fit import fit_curves
 from analysis.options import DEFAULT_OPTIONS, FitOptions
 from analysis.ranking import p_best
@@ -52,6 +53,10 @@ class BacktestOptions:
     window: float = 0.1
     seed: int = 0
     workers: int | None = None
+    ceiling_axes: tuple[str, ...] | None = None
+    """The axes that set the ceiling: at each cut, configurations that agree on them (and on every
+    axis that already moves A) share one A (`analysis.ceilings`), as `sweep report --fit-until`
+    extrapolates; None: each configuration its own A."""
 
     def __post_init__(self) -> None:
         if not self.cuts or not all(math.isfinite(f) and 0 < f < 1 for f in self.cuts):
@@ -76,6 +81,8 @@ class ConfigCut:
     hi: float
     final: float | None
     withheld: str | None
+    shared_with: int = 1
+    """How many configurations share the A of this prediction (`analysis.ceilings`); 1: its own."""
 
     @property
     def predicts(self) -> bool:
@@ -156,8 +163,14 @@ class Backtest:
         return None
 
 
-def backtest(configs: Mapping[str, Sequence[CurveLike]], options: BacktestOptions = BacktestOptions()) -> Backtest:
-    """Replay the extrapolation of every configuration (label -> its seeds' curves) at each cut."""
+def backtest(
+    configs: Mapping[str, Sequence[CurveLike]],
+    options: BacktestOptions = BacktestOptions(),
+    axes: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Backtest:
+    """Replay the extrapolation of every configuration (label -> its seeds' curves) at each cut;
+    with `axes` (label -> its axis values) and `options.ceiling_axes`, configurations that share a
+    ceiling share one A (`analysis.ceilings`)."""
     if not configs:
         raise ValueError("backtest needs at least one configuration")
     data = {label: as_curves(curves) for label, curves in configs.items()}
@@ -169,15 +182,17 @@ def backtest(configs: Mapping[str, Sequence[CurveLike]], options: BacktestOption
     else:
         results = [_one(job) for job in jobs]
     finals = {label: final_value(curves, options) for label, curves in data.items()}
-    results = [(replace(cut, final=finals[cut.label]), draws) for cut, draws in results]
     cuts = []
     for f in options.cuts:
-        at_cut = [(cut, draws) for cut, draws in results if cut.fraction == f]
-        cuts.append(_summarise(f, at_cut, options.tol))
+        at_cut = [(cut, ex) for cut, ex in results if cut.fraction == f]
+        if options.ceiling_axes is not None and axes is not None and len(at_cut) > 1:
+            at_cut = _shared(at_cut, data, axes, options)
+        summarised = [(replace(cut, final=finals[cut.label]), _draws(ex)) for cut, ex in at_cut]
+        cuts.append(_summarise(f, summarised, options.tol))
     return Backtest(options=options, cuts=tuple(cuts))
 
 
-def _one(job: tuple[str, list, float, BacktestOptions]) -> tuple[ConfigCut, np.ndarray]:
+def _one(job: tuple[str, list, float, BacktestOptions]) -> tuple[ConfigCut, Extrapolation | None]:
     label, curves, fraction, options = job
     end = max(float(c.max()) for c, _ in curves)
     fit_until = fraction * end
@@ -187,10 +202,46 @@ def _one(job: tuple[str, list, float, BacktestOptions]) -> tuple[ConfigCut, np.n
             n_boot=options.n_boot, seed=options.seed, level=options.level, window=options.window,
         )  # fmt: skip
     except ValueError as exc:  # a cut below the fit's cutoff
-        return ConfigCut(label, fraction, math.nan, math.nan, math.nan, None, f"not fitted: {exc}"), np.empty(0)
-    draws = ex.bootstrap.draws(end) if ex.predicts else np.empty(0)
-    cut = ConfigCut(label, fraction, ex.predicted, ex.band.lo, ex.band.hi, None, ex.withheld)
-    return cut, draws
+        return ConfigCut(label, fraction, math.nan, math.nan, math.nan, None, f"not fitted: {exc}"), None
+    return _config_cut(label, fraction, ex), ex
+
+
+def _config_cut(label: str, fraction: float, ex: Extrapolation) -> ConfigCut:
+    return ConfigCut(label, fraction, ex.predicted, ex.band.lo, ex.band.hi, None, ex.withheld, ex.shared_with)
+
+
+def _draws(ex: Extrapolation | None) -> np.ndarray:
+    return ex.bootstrap.draws(ex.predict_at) if ex is not None and ex.predicts else np.empty(0)
+
+
+def _shared(
+    at_cut: list[tuple[ConfigCut, Extrapolation | None]],
+    data: Mapping[str, list],
+    axes: Mapping[str, Mapping[str, Any]],
+    options: BacktestOptions,
+) -> list[tuple[ConfigCut, Extrapolation | None]]:
+    """One cut's extrapolations with shared ceilings (`analysis.ceilings.share_ceilings`)."""
+    from analysis.ceilings import refit_extrapolation, share_ceilings
+    from analysis.ranking import ConfigResult, Curve
+
+    configs = [
+        ConfigResult(
+            label=cut.label,
+            axes=dict(axes.get(cut.label, {})),
+            curves=tuple(Curve(cut.label, None, "completed", tuple(map(float, c)), tuple(map(float, r))) for c, r in data[cut.label]),
+            fit=ex.fit,
+            extrapolation=ex,
+        )
+        for cut, ex in at_cut
+        if ex is not None
+    ]
+    refit = refit_extrapolation(options.n_boot, options.level, options.window, options.seed)
+    shared = {c.label: c.extrapolation for c in share_ceilings(configs, options.fit, refit=refit, ceiling_axes=options.ceiling_axes)}
+    out = []
+    for cut, ex in at_cut:
+        new = shared.get(cut.label)
+        out.append((cut, ex) if new is None else (_config_cut(cut.label, cut.fraction, new), new))
+    return out
 
 
 def final_value(curves: list, options: BacktestOptions) -> float | None:

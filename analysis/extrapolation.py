@@ -51,6 +51,8 @@ class Extrapolation:
     fit: FitResult
     bootstrap: BootstrapResult = field(repr=False, compare=False)
     withheld: str | None = None
+    shared_with: int = 1
+    """Configurations whose fitted A this prediction shares (`analysis.ceilings`); 1: its own A."""
 
     @property
     def predicts(self) -> bool:
@@ -88,7 +90,7 @@ def extrapolate(
         raise ValueError(f"predict_at must be a finite number > 0, got {predict_at!r}")
     if not 0 <= window < 1:
         raise ValueError(f"window must lie in [0, 1), got {window!r}")
-    windows = [_without_transients(c[c <= fit_until], r[c <= fit_until]) for c, r in seeds]
+    windows = fit_window(seeds, fit_until)
     problem = make_problem(windows, options)
     boot = bootstrap_problem(problem, options, n_boot=n_boot, seed=seed, level=level, scheme=scheme)
     withheld = withheld_reason(windows, boot.fit)
@@ -119,6 +121,11 @@ def extrapolate(
         bootstrap=boot,
         withheld=withheld,
     )
+
+
+def fit_window(curves: Sequence[CurveLike], fit_until: float) -> list[tuple[np.ndarray, np.ndarray]]:
+    """What an extrapolation fits: each seed's points up to `fit_until`, one-eval transients out."""
+    return [_without_transients(c[c <= fit_until], r[c <= fit_until]) for c, r in as_curves(curves)]
 
 
 def _without_transients(compute: np.ndarray, pass_rate: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

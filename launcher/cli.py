@@ -494,6 +494,13 @@ def logs_cmd(ctx: click.Context, run: str, which: str, follow: bool, task: int) 
     help="... and predict the pass rate here (same units as --fit-until).",
 )
 @click.option(
+    "--ceiling-axes",
+    default=None,
+    help="Axes that set the ceiling, comma-separated: --fit-until/--backtest extrapolate configurations "
+    "that agree on them with one shared A (default: what the task knows; sumk: its length budget).",
+)
+@click.option("--own-ceilings", is_flag=True, help="Extrapolate every configuration with its own A (no sharing).")
+@click.option(
     "--backtest",
     is_flag=True,
     help="Replay the fit at 10%..90% of each configuration's compute and check the predicted final "
@@ -515,6 +522,8 @@ def report_cmd(
     include_flagged: bool,
     fit_until: tuple[float, bool] | None,
     predict_at: tuple[float, bool] | None,
+    ceiling_axes: str | None,
+    own_ceilings: bool,
     backtest: bool,
 ) -> None:
     """Fit the sigmoid to every configuration's curve; rank by A, then B; compare; judge each axis.
@@ -529,6 +538,9 @@ def report_cmd(
 
     if fit_until is not None and predict_at is not None and fit_until[1] != predict_at[1]:
         raise click.UsageError("give --fit-until and --predict both as percentages or both as compute")
+    declared = None if ceiling_axes is None else tuple(a.strip() for a in ceiling_axes.split(",") if a.strip())
+    if declared is not None and own_ceilings:
+        raise click.UsageError("give --ceiling-axes or --own-ceilings, not both")
     if backtest:
         from analysis.report.backtest import report_backtest
 
@@ -539,6 +551,7 @@ def report_cmd(
             report_backtest(
                 store, _sweep_name(store, sweep), fmt=fmt, out=out or Path("."), compute=compute,
                 method=method, r0=r0, cutoff=cutoff[0], n_boot=n_boot, level=level, console=render.console(),
+                ceiling_axes=declared, own_ceilings=own_ceilings,
             )  # fmt: skip
         except (PlotError, OSError, ValueError) as exc:
             _fail(str(exc))
@@ -548,6 +561,7 @@ def report_cmd(
             compute=compute, method=method, r0=r0, cutoff=cutoff[0], n_boot=n_boot, level=level,
             include_flagged=include_flagged, fit_until=fit_until and fit_until[0],
             predict_at=predict_at and predict_at[0], relative=bool(predict_at and predict_at[1]),
+            ceiling_axes=declared, own_ceilings=own_ceilings,
         )  # fmt: skip
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +21,27 @@ from rich.text import Text
 from analysis.backtest import Backtest, BacktestOptions, CutSummary, backtest
 from analysis.data import CurveLike
 from analysis.options import FitOptions, Method, R0Mode
-from analysis.report.build import read_configurations
+from analysis.report.build import read_configurations, sweep_ceiling_axes
 from analysis.report.plots import _new_figure, to_png
 from store import RunState, Store
 
 SCHEMA = "scalesweep.backtest/1"
 
 
-def sweep_backtest(store: Store, sweep: str, options: BacktestOptions, compute: str | None = None) -> tuple[str, Backtest]:
+def sweep_backtest(
+    store: Store,
+    sweep: str,
+    options: BacktestOptions,
+    compute: str | None = None,
+    *,
+    ceiling_axes: tuple[str, ...] | None = None,
+    own_ceilings: bool = False,
+) -> tuple[str, Backtest]:
     """(compute axis, backtest) of every configuration of SWEEP whose runs have all completed (a
-    backtest checks predictions against finals; a run still going has none)."""
-    axis, groups, _ = read_configurations(store, sweep, compute)
+    backtest checks predictions against finals; a run still going has none). Ceilings are shared
+    as `sweep report --fit-until` shares them (`ceiling_axes`, else the task's; `own_ceilings`: not)."""
+    axis, groups, axes = read_configurations(store, sweep, compute)
+    options = replace(options, ceiling_axes=sweep_ceiling_axes(store, sweep, axes, ceiling_axes, own=own_ceilings))
     configs: dict[str, list[CurveLike]] = {
         label: [(c.compute, c.pass_rate) for c in curves if c.compute]
         for label, curves in groups.items()
@@ -38,7 +49,7 @@ def sweep_backtest(store: Store, sweep: str, options: BacktestOptions, compute: 
     }
     if not configs:
         raise ValueError(f"sweep {sweep!r} has no completed configuration with evaluation points on {axis!r} to backtest")
-    return axis, backtest(configs, options)
+    return axis, backtest(configs, options, axes)
 
 
 def backtest_table(sweep: str, result: Backtest) -> Table:
@@ -105,6 +116,7 @@ def to_json_dict(sweep: str, compute: str, result: Backtest) -> dict[str, Any]:
         "tol": o.tol,
         "level": o.level,
         "n_boot": o.n_boot,
+        "ceiling_axes": None if o.ceiling_axes is None else list(o.ceiling_axes),
         "earliest": result.earliest(),
         "cuts": [_cut_json(c) for c in result.cuts],
     }
@@ -133,6 +145,7 @@ def _cut_json(c: CutSummary) -> dict[str, Any]:
                 "error": _num(x.error),
                 "covered": x.covered,
                 "withheld": x.withheld,
+                "shared_with": x.shared_with,
             }
             for x in c.configs
         ],
@@ -196,10 +209,12 @@ def report_backtest(
     n_boot: int,
     level: float,
     console: Console,
+    ceiling_axes: tuple[str, ...] | None = None,
+    own_ceilings: bool = False,
 ) -> Path:
     """`sweep report SWEEP --backtest`: print the table (or JSON) and write the plot into `out`."""
     options = BacktestOptions(fit=FitOptions(method=method, r0=r0, cutoff=cutoff), n_boot=max(n_boot, 50), level=level)
-    axis, result = sweep_backtest(store, sweep, options, compute)
+    axis, result = sweep_backtest(store, sweep, options, compute, ceiling_axes=ceiling_axes, own_ceilings=own_ceilings)
     path = write_backtest_plot(sweep, result, out)
     if fmt == "json":
         console.file.write(backtest_json(sweep, axis, result))

@@ -13,6 +13,7 @@ intervals) are refitted with a shared A and compared on B.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from collections import Counter
@@ -32,6 +33,7 @@ from analysis import (
     fit_curves,
 )
 from analysis.trackers import tracker_links
+from analysis.ceilings import refit_extrapolation, share_ceilings, task_ceiling_axes
 from analysis.effects import EffectOptions
 from analysis.ranking import ConfigResult, Curve, comparisons, config_label, effects, rank, rank_at_predict
 from store import COMPUTE_AXES, EvalRecord, Store, same_seed_reruns
@@ -59,6 +61,11 @@ class ReportOptions:
     """fit_until and predict_at are fractions of each configuration's own compute range (its
     largest compute), as `--fit-until 50% --predict 100%` gives them."""
     workers: int | None = None  # None: the number of cores
+    ceiling_axes: tuple[str, ...] | None = None
+    """The axes that set the ceiling (`--ceiling-axes`): extrapolations of configurations that agree
+    on them share one A (analysis.ceilings); None: what the sweep's task knows (`--own-ceilings`
+    turns sharing off)."""
+    own_ceilings: bool = False
 
     def __post_init__(self) -> None:
         if self.compute is not None and self.compute not in COMPUTE_AXES:
@@ -118,9 +125,28 @@ def build_report(store: Store, sweep: str, options: ReportOptions = ReportOption
         [(label, axes_of[label], tuple(curves)) for label, curves in groups.items() if any(c.compute for c in curves)],
         options,
     )
+    ceilings = sweep_ceiling_axes(store, sweep, axes_of, options.ceiling_axes, own=options.own_ceilings)
     return replace(
-        finish_report(sweep, options, compute, configs), reruns=reruns, trackers=run_trackers(store, sweep)
+        finish_report(sweep, options, compute, configs, ceilings), reruns=reruns, trackers=run_trackers(store, sweep)
     )
+
+
+def sweep_ceiling_axes(
+    store: Store, sweep: str, axes_of: dict[str, dict[str, Any]], declared: tuple[str, ...] | None, *, own: bool
+) -> tuple[str, ...] | None:
+    """The axes that set the sweep's ceilings (analysis.ceilings): `declared` (each must be an axis
+    of the sweep), else what its task knows; None with `own` or where nothing is known."""
+    if own:
+        return None
+    if declared is not None:
+        known = sorted({k for axes in axes_of.values() for k in axes})
+        for axis in declared:
+            if axis not in known:
+                close = difflib.get_close_matches(axis, known, n=1)
+                hint = f" (closest: {close[0]})" if close else ""
+                raise ReportError(f"--ceiling-axes: {axis!r} is not an axis of sweep {sweep}{hint}; its axes: {', '.join(known)}")
+        return declared
+    return task_ceiling_axes(str((r.config.get("data") or {}).get("task", "sort6")) for r in store.runs(sweep))
 
 
 def require_data(store: Store, sweep: str, compute: str, groups: dict[str, list[Curve]]) -> None:
@@ -200,7 +226,15 @@ def analyse(
     return [_analyse_one(g, options) for g in groups]
 
 
-def finish_report(sweep: str, options: ReportOptions, compute: str, configs: list[ConfigResult]) -> Report:
+def finish_report(
+    sweep: str, options: ReportOptions, compute: str, configs: list[ConfigResult], ceiling_axes: tuple[str, ...] | None = None
+) -> Report:
+    if options.predict_at is not None and ceiling_axes is not None:
+        effect_options = EffectOptions(margin=options.margin, level=options.level)
+        refit = refit_extrapolation(max(options.n_boot, 50), options.level)
+        configs = share_ceilings(
+            configs, options.fit_options(), refit=refit, ceiling_axes=ceiling_axes, effect_options=effect_options
+        )
     ranked = rank(configs, include_flagged=options.include_flagged)
     if options.predict_at is not None:
         ranked = rank_at_predict(ranked)
