@@ -89,6 +89,7 @@ def _extrapolation_json(c: ConfigResult) -> dict[str, Any]:
         "error": _num(e.error),
         "within_band": e.within_band,
         "withheld": e.withheld,
+        "shared_with": e.shared_with,
     }
 
 
