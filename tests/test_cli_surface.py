@@ -27,6 +27,8 @@ SURFACE = {
         "--include-flagged",
         "--fit-until",
         "--predict",
+        "--ceiling-axes",
+        "--own-ceilings",
         "--backtest",
     ],  # fmt: skip
     "cancel": [],
