@@ -135,6 +135,9 @@ class Generator(Protocol):
 class StreamingGenerator(Generator, Protocol):
     """A generator rank's engine under PipelineRL: requests stream while weights are pushed."""
 
+    poll_timeout_s: float
+    """What a generator rank passes to `poll` between two reads of its control channel."""
+
     def submit(self, group_id: str, prompt: Sequence[int], *, num_samples: int, max_new_tokens: int, seed: int) -> None:
         """Start a group; it continues across weight pushes."""
         ...

@@ -157,6 +157,9 @@ class VllmGenerator:
     `load_weights` pushes through a private two-rank group to the engine, the same code path.
     """
 
+    poll_timeout_s = 0.05
+    """`poll` waits on the engine's output queue this long, then the rank reads its control channel."""
+
     def __init__(self, settings: VllmSettings) -> None:
         require_vllm()
         if settings.resolved_device == "cpu":

@@ -33,11 +33,6 @@ from recipe.pipeline.rendezvous import Rendezvous, announce, wait_for_rendezvous
 from recipe.pipeline.transport import ControlClient, PeerLost, group_to_wire, interrupt_from_wire, meta_from_wire
 from recipe.tasks.builtin import resolve_model_dir
 
-POLL_TIMEOUT_S = 0.05
-"""How long a generator rank waits in `poll` for finished groups before it reads its control
-channel again, unless the engine says otherwise (`poll_timeout_s`: the torch engine computes in
-`poll` and returns after one round)."""
-
 
 def run_peer(cfg: RecipeConfig, run_dir: Path, env: TaskEnv, log: Callable[[str], None]) -> str:
     """Task `env.rank` > 0 of a multi-task run: a trainer follower or a generator."""
@@ -171,7 +166,7 @@ def _generate_until_stopped(
             message = client.recv(timeout_s=0.0)
         if running:
             busy_since = time.monotonic() if busy_since is None else busy_since
-            groups = engine.poll(timeout_s=getattr(engine, "poll_timeout_s", POLL_TIMEOUT_S))
+            groups = engine.poll(timeout_s=engine.poll_timeout_s)
             if groups:
                 running -= len(groups)
                 now = time.monotonic()
