@@ -221,7 +221,7 @@ def _shared(
     options: BacktestOptions,
 ) -> list[tuple[ConfigCut, Extrapolation | None]]:
     """One cut's extrapolations with shared ceilings (`analysis.ceilings.share_ceilings`)."""
-    from analysis.ceilings import refit_extrapolation, share_ceilings
+    from analysis.ceilings import share_ceilings
     from analysis.ranking import ConfigResult, Curve
 
     configs = [
@@ -235,8 +235,13 @@ def _shared(
         for cut, ex in at_cut
         if ex is not None
     ]
-    refit = refit_extrapolation(options.n_boot, options.level, options.window, options.seed)
-    shared = {c.label: c.extrapolation for c in share_ceilings(configs, options.fit, refit=refit, ceiling_axes=options.ceiling_axes)}
+    shared = {
+        c.label: c.extrapolation
+        for c in share_ceilings(
+            configs, options.fit, ceiling_axes=options.ceiling_axes,
+            n_boot=options.n_boot, level=options.level, window=options.window, seed=options.seed,
+        )  # fmt: skip
+    }
     out = []
     for cut, ex in at_cut:
         new = shared.get(cut.label)

@@ -28,8 +28,9 @@ withheld and take no part in a group.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
+
 import numpy as np
 from scipy.optimize import minimize_scalar
 
@@ -51,6 +52,7 @@ needs k + 4 tokens) over its digit range; the model is listed too, since capacit
 
 A_GRID_POINTS = 21
 """Coarse grid of the shared-A profile before the bounded refinement around its best point."""
+
 
 def task_ceiling_axes(tasks: Iterable[str]) -> tuple[str, ...] | None:
     """The ceiling axes the sweep's tasks know (one built-in task with a known ceiling), or None."""
@@ -118,13 +120,16 @@ def share_ceilings(
     configs: Sequence[ConfigResult],
     options: FitOptions,
     *,
-    refit: Callable[[ConfigResult, FitOptions], Extrapolation],
     ceiling_axes: Iterable[str] | None,
+    n_boot: int,
+    level: float,
+    window: float = 0.1,
+    seed: int = 0,
     effect_options: EffectOptions = DEFAULT_EFFECT_OPTIONS,
 ) -> list[ConfigResult]:
-    """The configurations with each group's extrapolations refitted at the group's A (module
-    docstring); `refit(config, options)` redoes one configuration's extrapolation with `options`.
-    `ceiling_axes` None: nothing is known about the ceilings, every configuration keeps its own."""
+    """The configurations with each group's extrapolations redone at the group's A (module
+    docstring; the same cut, target, bootstrap size and level as their own). `ceiling_axes` None:
+    nothing is known about the ceilings, every configuration keeps its own."""
     if ceiling_axes is None:
         return list(configs)
     separating = separating_axes(configs, ceiling_axes, effect_options)
@@ -139,29 +144,14 @@ def share_ceilings(
         for c in group:
             own = c.extrapolation
             assert own is not None
-            shared = refit(c, options.replace(fix_a=a))
+            shared = extrapolate(
+                c.curve_data(), options.replace(fix_a=a), fit_until=own.fit_until, predict_at=own.predict_at,
+                n_boot=n_boot, seed=seed, level=level, window=window,
+            )  # fmt: skip
             if not shared.predicts:
                 continue
             band = Interval(min(own.band.lo, shared.band.lo), max(own.band.hi, shared.band.hi))
-            refitted[id(c)] = replace(c, extrapolation=with_band(shared, band, len(group)))
+            within = None if shared.observed is None else band.contains(shared.observed)
+            extrapolation = replace(shared, band=band, within_band=within, shared_with=len(group))
+            refitted[id(c)] = replace(c, extrapolation=extrapolation)
     return [refitted.get(id(c), c) for c in configs]
-
-
-def with_band(ex: Extrapolation, band: Interval, shared_with: int) -> Extrapolation:
-    """`ex` with `band` (and the observed value's check against it) and its group's size."""
-    within = None if ex.observed is None else band.contains(ex.observed)
-    return replace(ex, band=band, within_band=within, shared_with=shared_with)
-
-
-def refit_extrapolation(n_boot: int, level: float, window: float = 0.1, seed: int = 0) -> Callable[[ConfigResult, FitOptions], Extrapolation]:
-    """A `refit` for `share_ceilings`: the configuration's extrapolation again, same cut and target."""
-
-    def refit(c: ConfigResult, options: FitOptions) -> Extrapolation:
-        own = c.extrapolation
-        assert own is not None
-        return extrapolate(
-            c.curve_data(), options, fit_until=own.fit_until, predict_at=own.predict_at,
-            n_boot=n_boot, seed=seed, level=level, window=window,
-        )  # fmt: skip
-
-    return refit

@@ -33,7 +33,7 @@ from analysis import (
     fit_curves,
 )
 from analysis.trackers import tracker_links
-from analysis.ceilings import refit_extrapolation, share_ceilings, task_ceiling_axes
+from analysis.ceilings import share_ceilings, task_ceiling_axes
 from analysis.effects import EffectOptions
 from analysis.ranking import ConfigResult, Curve, comparisons, config_label, effects, rank, rank_at_predict
 from store import COMPUTE_AXES, EvalRecord, Store, same_seed_reruns
@@ -230,11 +230,10 @@ def finish_report(
     sweep: str, options: ReportOptions, compute: str, configs: list[ConfigResult], ceiling_axes: tuple[str, ...] | None = None
 ) -> Report:
     if options.predict_at is not None and ceiling_axes is not None:
-        effect_options = EffectOptions(margin=options.margin, level=options.level)
-        refit = refit_extrapolation(max(options.n_boot, 50), options.level)
         configs = share_ceilings(
-            configs, options.fit_options(), refit=refit, ceiling_axes=ceiling_axes, effect_options=effect_options
-        )
+            configs, options.fit_options(), ceiling_axes=ceiling_axes, n_boot=max(options.n_boot, 50),
+            level=options.level, effect_options=EffectOptions(margin=options.margin, level=options.level),
+        )  # fmt: skip
     ranked = rank(configs, include_flagged=options.include_flagged)
     if options.predict_at is not None:
         ranked = rank_at_predict(ranked)
