@@ -213,6 +213,9 @@ class FilterConfig(Section):
     no_positive_resampling: bool = True
     """A prompt whose pass rate reaches `npr_threshold` leaves the training set for good."""
     npr_threshold: float = bounded(0.9, lo=0.0, hi=1.0)
+    damp_below: float = bounded(0.25, lo=0.0, hi=1.0)
+    """With `zero_variance`: a step whose kept groups are fewer than this share of the batch's
+    groups takes a proportionally smaller lr (lr x kept / (damp_below x groups)); 0 turns it off."""
 
 
 @dataclass(kw_only=True)

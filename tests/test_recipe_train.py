@@ -15,7 +15,7 @@ from recipe.loop.evaluate import is_eval_step
 from recipe.loop.rollout import generate_batch, shaped_rewards
 from recipe.loop.state import initial_state, uses_deepspeed, uses_vllm
 from recipe.loop.train import TrainOutcome, train
-from recipe.loop.update import lr_at, policy_update
+from recipe.loop.update import lr_at, policy_update, step_damping
 from recipe.tasks.task import load_task
 from recipe.telemetry.sinks import MemorySink
 
@@ -208,10 +208,30 @@ def test_zero_variance_groups_leave_the_update(model_dir):
     assert metrics["num_trained_groups"] == 0 and "loss" not in metrics
     assert all(torch.equal(a, b) for a, b in zip(before, state.model.parameters()))
     rollout.rewards_PG = torch.tensor([[1.0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1]])
-    assert policy_update(state, rollout)["num_trained_groups"] == 1
+    metrics = policy_update(state, rollout)
+    assert metrics["num_trained_groups"] == 1 and metrics["lr"] == lr_at(state.step, cfg)  # 1 of 4: not damped
     unfiltered = small_recipe(model_dir, **{"filter.zero_variance": False})
     state.cfg = unfiltered
     assert policy_update(state, rollout)["num_trained_groups"] == 4
+
+
+def test_a_step_on_few_kept_groups_is_damped_in_proportion(model_dir):
+    """1 of 4 groups kept under filter.damp_below 0.5: the step takes half the lr, and AdamW's
+    first step (lr x sign of the gradient, plus decay) moves the weights half as far."""
+    moved = {}
+    for damp_below in (0.0, 0.5):
+        cfg = small_recipe(model_dir, **{"filter.damp_below": damp_below})
+        state = initial_state(cfg, load_task(cfg.data), 7, lambda _: None)
+        rollout = generate_batch(state)
+        rollout.rewards_PG = torch.tensor([[1.0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1]])
+        before = [p.detach().clone() for p in state.model.parameters()]
+        metrics = policy_update(state, rollout)
+        assert metrics["lr"] == pytest.approx(lr_at(state.step, cfg) * (0.5 if damp_below else 1.0))
+        moved[damp_below] = sum(float((p.detach() - b).abs().sum()) for p, b in zip(state.model.parameters(), before))
+    assert moved[0.5] == pytest.approx(0.5 * moved[0.0], rel=0.05)
+    assert step_damping(1, 8, resolve({"filter.damp_below": 0.25})) == 0.5
+    assert step_damping(1, 8, resolve({"filter.damp_below": 0.25, "filter.zero_variance": False})) == 1.0
+    assert step_damping(0, 8, resolve({})) == 0.0
 
 
 def test_overlong_penalty_is_added_only_under_length_control_penalty():

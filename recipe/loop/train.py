@@ -16,7 +16,9 @@ One optimizer step:
 3. Rewards: the task's verifiable reward; with `length.control=penalty` plus DAPO's overlong
    penalty.
 4. Advantages: A = r - mean(group r), scaled by `advantage.norm`. With `filter.zero_variance`,
-   groups whose rewards are all equal leave the batch before anything is computed on it.
+   groups whose rewards are all equal leave the batch before anything is computed on it; a step
+   left with fewer than `filter.damp_below` of the batch's groups takes a proportionally smaller lr
+   (`recipe.loop.update.step_damping`).
 5. Update: `loss.type` on the importance ratio exp(logp_trainer - logp_behaviour), aggregated by
    `loss.aggregation` over whole-batch counts; one AdamW step (lr rising linearly over
    `optim.warmup_steps`, then constant), gradient norm clipped to `optim.max_grad_norm`.

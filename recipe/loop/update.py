@@ -15,20 +15,37 @@ def policy_update(state: RunState, rollout: Rollout) -> dict[str, float]:
     """Advantages, the zero-variance filter, and one optimizer step when any group is left."""
     zero_variance_P = zero_variance_groups(rollout.rewards_PG)
     keep_P = ~zero_variance_P if state.cfg.filter.zero_variance else torch.ones_like(zero_variance_P)
+    kept = int(keep_P.sum())
+    lr = lr_at(state.step, state.cfg) * step_damping(kept, keep_P.numel(), state.cfg)
     metrics = {
         "zero_variance_fraction": float(zero_variance_P.float().mean()),
-        "num_trained_groups": int(keep_P.sum()),
-        "lr": lr_at(state.step, state.cfg),
+        "num_trained_groups": kept,
+        "lr": lr,
     }
-    if keep_P.any():
-        metrics |= gradient_step(state, rollout, keep_P)
+    if kept:
+        metrics |= gradient_step(state, rollout, keep_P, lr)
     return metrics
 
 
-def gradient_step(state: RunState, rollout: Rollout, keep_P: torch.Tensor) -> dict[str, float]:
+def step_damping(kept: int, groups: int, cfg: RecipeConfig) -> float:
+    """The lr factor of a step that trains on `kept` of `groups` groups: kept / (damp_below x
+    groups) when the zero-variance filter left fewer than `filter.damp_below` of them, else 1.
+
+    Near the ceiling most groups are solved by every sample and filtered out; the loss is a mean
+    over what is left, so a step on 2 groups moves the policy as far as one on 64, with the
+    gradient noise of 2. Measured on sumk (docs/effects.md), such steps are what knocked runs off
+    their plateau late; scaling them down keeps the step's expected movement in proportion to the
+    signal it carries."""
+    floor = cfg.filter.damp_below
+    if not cfg.filter.zero_variance or floor <= 0 or groups <= 0 or kept >= floor * groups:
+        return 1.0
+    return kept / (floor * groups)
+
+
+def gradient_step(state: RunState, rollout: Rollout, keep_P: torch.Tensor, lr: float) -> dict[str, float]:
     """One optimizer step of the trainer engine on the kept groups (loss, backward, clip, AdamW)."""
     batch = train_batch(rollout, keep_P, state.train_prompt_mask, state.cfg)
-    metrics = state.trainer.step(batch, lr=lr_at(state.step, state.cfg))
+    metrics = state.trainer.step(batch, lr=lr)
     state.compute.flops += 6 * state.num_matmul_params * (batch.prompt_ids_BP.numel() + int(batch.mask_BT.sum()))
     return metrics
 
