@@ -29,8 +29,9 @@ from analysis.problem import make_problem
 class Extrapolation:
     """Prediction at `predict_at` from a fit on compute <= `fit_until`.
 
-    band: pointwise bootstrap band of the fitted curve at predict_at (a band for the mean pass
-    rate). observed: the measured pass rate at predict_at when the data reach it (the points
+    band: prediction band for what is measured at predict_at: the bootstrap curves there plus the
+    noise of that measurement, a mean of `n_observed` evals (one while the run has not got there;
+    `BootstrapResult.prediction_band`). observed: the measured pass rate at predict_at when the data reach it (the points
     within `window` relative compute of it, each moved along the fitted curve to predict_at, then
     averaged; else linear interpolation between its neighbours), else None; n_observed: how many
     points that mean used (0 when interpolated).
@@ -101,8 +102,7 @@ def extrapolate(
     observed, n_obs = observed_at(c_all, r_all, predict_at, window=window, trend=trend)
     if withheld is None:
         predicted = float(boot.fit.predict(predict_at))
-        lo, hi = boot.band(predict_at)
-        band = Interval(float(lo), float(hi))
+        band = boot.prediction_band(predict_at, max(n_obs, 1), seed=seed)
     else:
         predicted, band = math.nan, Interval(math.nan, math.nan)
     error = None if observed is None or math.isnan(predicted) else predicted - observed

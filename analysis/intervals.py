@@ -41,8 +41,9 @@ whole.
 
 Replicates are refitted with the fast method's batched Levenberg-Marquardt, warm-started at the
 point estimate; the few that do not converge are refitted from scratch. Intervals are percentile
-intervals; the band is the pointwise percentile band of the replicate curves, i.e. a band for the
-mean curve, not for one noisy measurement.
+intervals; `band` is the pointwise percentile band of the replicate curves, i.e. a band for the
+mean curve, and `prediction_band` adds the noise of the measurement it will be checked against
+(a mean of a few evals, under the fitted noise model).
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ from analysis.solver import I_A, I_LNB, I_LNC, I_R0, Design, levenberg_marquardt
 PARAM_NAMES = ("A", "B", "Cmid", "R0")
 Scheme = Literal["noise_model", "block", "seeds"]
 SCHEMES = ("noise_model", "block", "seeds")
+_NOISE_DRAWS = 16
+"""Measurement-noise draws per replicate curve in a prediction band."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,30 @@ class BootstrapResult:
         tail = (1.0 - lvl) / 2.0
         lo, hi = np.quantile(curves, [tail, 1.0 - tail], axis=0)
         return lo, hi
+
+    def measurement_sd(self, n_points: int) -> float:
+        """sd of the noise of a mean of `n_points` consecutive evals under the fitted noise model
+        (its drift does not average away like its white part); 0 without a noise model."""
+        if n_points < 1:
+            raise ValueError(f"n_points must be >= 1, got {n_points!r}")
+        if self.noise is None:
+            return 0.0
+        return float(self.noise.sd * math.sqrt(self.noise.correlation(n_points).mean()))
+
+    def prediction_band(
+        self, compute: float, n_points: int = 1, level: float | None = None, *, seed: int = 0
+    ) -> Interval:
+        """Band for what will be measured at `compute` as a mean of `n_points` evals: the
+        replicate curves there plus that mean's measurement noise (`measurement_sd`), drawn
+        `_NOISE_DRAWS` times per replicate. A band for the mean curve alone (`band`) is too narrow
+        to hold a measured final once the fit's own uncertainty is small. Deterministic per seed."""
+        lvl = _level(level, self.level)
+        curve = self.draws(compute)
+        if curve.size == 0:
+            return UNKNOWN
+        sd = self.measurement_sd(n_points)
+        noise = np.random.default_rng(seed).standard_normal((curve.size, _NOISE_DRAWS)) * sd
+        return _percentile((curve[:, None] + noise).ravel(), lvl)
 
 
 def bootstrap(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -67,6 +69,39 @@ def test_band_brackets_the_fit_and_the_true_curve() -> None:
     assert np.mean((lo <= truth) & (truth <= hi)) >= 0.8
     lo50, hi50 = boot.band(at, level=0.5)
     assert np.all(hi50 - lo50 < hi - lo)
+
+
+def test_prediction_band_holds_a_measured_final_that_the_curve_band_misses() -> None:
+    """20 runs fitted on their first half, checked against the one eval measured at the end (20
+    and 17 of 20 held when written): the curve band is a band for the mean curve, narrower than that eval's own noise, so it
+    misses finals that the prediction band (curve plus measurement noise) holds."""
+    curve_hits, prediction_hits = 0, 0
+    for i in range(20):
+        rate = noisy_curve(COMPUTE, 0.61, 1.92, 2542.0, R0, rng=np.random.default_rng(500 + i))
+        boot = bootstrap([(COMPUTE[:51], rate[:51])], options=OPTIONS, seed=i)
+        final = rate[-1]
+        lo, hi = boot.band(COMPUTE[-1])
+        curve_hits += bool(lo <= final <= hi)
+        prediction_hits += boot.prediction_band(COMPUTE[-1], n_points=1).contains(final)
+    assert prediction_hits >= 18
+    assert prediction_hits > curve_hits
+
+
+def test_measurement_noise_of_a_mean_averages_its_white_part_not_its_drift() -> None:
+    rate = noisy_curve(COMPUTE, 0.61, 1.92, 2542.0, R0, rng=np.random.default_rng(6))
+    boot = bootstrap([(COMPUTE, rate)], options=OPTIONS)
+    white = replace(boot, noise=NoiseModel(sd=0.01, drift_frac=0.0, rho=0.0))
+    drifting = replace(boot, noise=NoiseModel(sd=0.01, drift_frac=1.0, rho=0.95))
+    assert white.measurement_sd(1) == pytest.approx(0.01)
+    assert white.measurement_sd(4) == pytest.approx(0.005)
+    assert 0.009 < drifting.measurement_sd(4) < 0.01
+    assert replace(boot, noise=None).measurement_sd(4) == 0.0
+    one, four = (white.prediction_band(16_000.0, n) for n in (1, 4))
+    assert four.width < one.width and one.contains(float(boot.fit.predict(16_000.0)))
+    lo, hi = boot.band(16_000.0)
+    assert one.lo < lo and hi < one.hi
+    with pytest.raises(ValueError, match="n_points"):
+        white.measurement_sd(0)
 
 
 def test_pooled_seeds_narrow_the_interval() -> None:
