@@ -7,6 +7,7 @@ grid at once submit each run once.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid
@@ -17,9 +18,10 @@ from pathlib import Path
 from launcher import local
 from launcher.grid import RunPlan, SweepSpec
 from launcher.preflight import check_root
-from recipe.config import write_run_files
+from recipe.config import RUN_FILE, write_run_files
 from recipe.telemetry.provenance import file_sha256
 from store import RETRYABLE_STATES, AttemptState, NewRun, RunRecord, RunState, Store
+from store.urls import mask_url
 
 EXECUTORS = ("slurm", "local", "debug")
 
@@ -77,6 +79,8 @@ def launch(
     fresh = [p for p in plans if p.id not in known]
     sweep_file = str(Path(spec.path).resolve())
     sweep_sha = file_sha256(spec.path)
+    for plan in fresh:
+        check_not_another_stores(sweep_dir / plan.id, store)
     resolved = [plan.config.to_dict() for plan in fresh]
     for plan, config in zip(fresh, resolved, strict=True):  # files first: a job must never start without them
         try:
@@ -116,6 +120,24 @@ def launch(
         local.ensure_scheduler(store, max_parallel=max_parallel)
     waiting = len(claimed) - len(submitted)
     return LaunchResult(spec.name, str(sweep_dir), executor, len(plans), new, submitted, extended, waiting, resumed)
+
+
+def check_not_another_stores(run_dir: Path, store: Store) -> None:
+    """A run new to this store must not take over a directory that holds another store's
+    checkpoints: its job would resume them (at the end of the budget, say), record nothing here,
+    and settle as completed. The same sweep launched against two stores needs two roots."""
+    try:
+        info = json.loads((run_dir / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return
+    other = info.get("db_url") if isinstance(info, dict) else None
+    if other in (None, store.url) or not any((run_dir / "checkpoints").glob("*.pt")):
+        return
+    raise LaunchError(
+        f"run directory {run_dir} holds the checkpoints of run {info.get('run_id')} recorded in another store "
+        f"({mask_url(str(other))}); a run new to {store.display_url} would resume them and record nothing: "
+        "give this store its own --root (or SWEEP_ROOT), or remove that directory"
+    )
 
 
 def _newest_checkpoint(store: Store, run_id: str) -> int | None:

@@ -259,6 +259,24 @@ def test_a_run_directory_that_cannot_be_made_registers_nothing(sqlite_url, tmp_p
     assert Store(sqlite_url).list_sweeps() == []
 
 
+def test_a_run_directory_with_another_stores_checkpoints_registers_nothing(sqlite_url, tmp_path, sweep_file):
+    """The same sweep launched against a second store from the same root: its runs would resume the
+    first store's final checkpoints and settle as completed with nothing recorded."""
+    grid = sweep_file(GRID)
+    code, out = _sweep(sqlite_url, "launch", str(grid), "--dry-run", "--json")
+    run_id = json.loads(out)["runs"][0]["id"]
+    root, other = tmp_path / "root", f"sqlite:///{tmp_path / 'first.db'}"
+    run_dir = root / "g" / run_id
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "sweep": "g", "db_url": other}))
+    (run_dir / "checkpoints" / "step_00000010.pt").write_bytes(b"")
+    line = _one_error(*_sweep(sqlite_url, "launch", str(grid), "--root", str(root), "--cluster", "local"))
+    assert f"run directory {run_dir} holds the checkpoints of run {run_id}" in line
+    assert other in line and "its own --root" in line
+    assert Store(sqlite_url).list_sweeps() == []
+    assert json.loads((run_dir / "run.json").read_text())["db_url"] == other  # nothing rewritten
+
+
 # ---------------------------------------------------------------------------------------------
 # Reruns
 
