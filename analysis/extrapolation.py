@@ -31,10 +31,10 @@ class Extrapolation:
 
     band: prediction band for what is measured at predict_at: the bootstrap curves there plus the
     noise of that measurement, a mean of `n_observed` evals (one while the run has not got there;
-    `BootstrapResult.prediction_band`). observed: the measured pass rate at predict_at when the data reach it (the points
-    within `window` relative compute of it, each moved along the fitted curve to predict_at, then
-    averaged; else linear interpolation between its neighbours), else None; n_observed: how many
-    points that mean used (0 when interpolated).
+    `BootstrapResult.prediction_band`). observed: the measured pass rate at predict_at when the
+    data reach it (the points within `window` relative compute of it, each moved along the fitted
+    curve to predict_at, then averaged; else linear interpolation between its neighbours), else
+    None; n_observed: how many points that mean used (0 when interpolated).
     error = predicted - observed. within_band: whether observed lies in the band.
     withheld: why no prediction is made (an unstable window or a failed fit), else None; then
     predicted is NaN, the band unknown, error and within_band None (observed is still given).
