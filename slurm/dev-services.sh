@@ -34,7 +34,10 @@ HBA_MARK="# slurm/dev-services.sh: the dev cluster's nodes"
 
 postgres_configure() {
     local version="$1" hba="/etc/postgresql/$1/main/pg_hba.conf" conf="/etc/postgresql/$1/main/conf.d"
-    local want="listen_addresses = '127.0.0.1,$HEAD_ADDR'" changed=1
+    # max_connections: every run, `sweep` command and test process holds its own connections, and
+    # the tests start 32 writers at once beside a test session's pooled ones; 100 (the default) was
+    # reached in CI ("sorry, too many clients already").
+    local want="listen_addresses = '127.0.0.1,$HEAD_ADDR'"$'\n'"max_connections = 300" changed=1
     install -d -m 0755 "$conf"
     if [ "$(cat "$conf/95-scalesweep-dev-cluster.conf" 2>/dev/null)" != "$want" ]; then
         echo "$want" >"$conf/95-scalesweep-dev-cluster.conf"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.util
 import os
@@ -103,6 +104,7 @@ def pg_url(pg_server: str) -> Iterator[str]:
             conn.execute(text("DROP TABLE " + ", ".join(f'"{t}"' for t in tables) + " CASCADE"))
     engine.dispose()
     yield pg_server
+    gc.collect()  # the test's Store objects sit in reference cycles: close their pooled connections now
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
