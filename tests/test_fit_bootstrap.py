@@ -73,8 +73,9 @@ def test_band_brackets_the_fit_and_the_true_curve() -> None:
 
 def test_prediction_band_holds_a_measured_final_that_the_curve_band_misses() -> None:
     """20 runs fitted on their first half, checked against the one eval measured at the end (20
-    and 17 of 20 held when written): the curve band is a band for the mean curve, narrower than that eval's own noise, so it
-    misses finals that the prediction band (curve plus measurement noise) holds."""
+    and 17 of 20 held when written): the curve band is a band for the mean curve, narrower than
+    that eval's own noise, so it misses finals that the prediction band (curve plus measurement
+    noise) holds."""
     curve_hits, prediction_hits = 0, 0
     for i in range(20):
         rate = noisy_curve(COMPUTE, 0.61, 1.92, 2542.0, R0, rng=np.random.default_rng(500 + i))

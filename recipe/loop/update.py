@@ -37,7 +37,7 @@ def step_damping(kept: int, groups: int, cfg: RecipeConfig) -> float:
     their plateau late; scaling them down keeps the step's expected movement in proportion to the
     signal it carries."""
     floor = cfg.filter.damp_below
-    if not cfg.filter.zero_variance or floor <= 0 or groups <= 0 or kept >= floor * groups:
+    if not cfg.filter.zero_variance or floor <= 0 or kept >= floor * groups:
         return 1.0
     return kept / (floor * groups)
 
