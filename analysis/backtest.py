@@ -83,6 +83,8 @@ class ConfigCut:
     withheld: str | None
     shared_with: int = 1
     """How many configurations share the A of this prediction (`analysis.ceilings`); 1: its own."""
+    task_ceiling: float | None = None
+    """The task's ceiling where A was held there (`analysis.ceilings.holds_ceiling`), else None."""
 
     @property
     def predicts(self) -> bool:
@@ -167,10 +169,12 @@ def backtest(
     configs: Mapping[str, Sequence[CurveLike]],
     options: BacktestOptions = BacktestOptions(),
     axes: Mapping[str, Mapping[str, Any]] | None = None,
+    task_ceilings: Mapping[str, float] | None = None,
 ) -> Backtest:
     """Replay the extrapolation of every configuration (label -> its seeds' curves) at each cut;
     with `axes` (label -> its axis values) and `options.ceiling_axes`, configurations that share a
-    ceiling share one A (`analysis.ceilings`)."""
+    ceiling share one A, held at the task's ceiling (`task_ceilings`: label -> value) where the
+    windows do not reject it (`analysis.ceilings`)."""
     if not configs:
         raise ValueError("backtest needs at least one configuration")
     data = {label: as_curves(curves) for label, curves in configs.items()}
@@ -185,8 +189,8 @@ def backtest(
     cuts = []
     for f in options.cuts:
         at_cut = [(cut, ex) for cut, ex in results if cut.fraction == f]
-        if options.ceiling_axes is not None and axes is not None and len(at_cut) > 1:
-            at_cut = _shared(at_cut, data, axes, options)
+        if options.ceiling_axes is not None and axes is not None and (len(at_cut) > 1 or task_ceilings):
+            at_cut = _shared(at_cut, data, axes, options, task_ceilings)
         summarised = [(replace(cut, final=finals[cut.label]), _draws(ex)) for cut, ex in at_cut]
         cuts.append(_summarise(f, summarised, options.tol))
     return Backtest(options=options, cuts=tuple(cuts))
@@ -207,7 +211,9 @@ def _one(job: tuple[str, list, float, BacktestOptions]) -> tuple[ConfigCut, Extr
 
 
 def _config_cut(label: str, fraction: float, ex: Extrapolation) -> ConfigCut:
-    return ConfigCut(label, fraction, ex.predicted, ex.band.lo, ex.band.hi, None, ex.withheld, ex.shared_with)
+    return ConfigCut(
+        label, fraction, ex.predicted, ex.band.lo, ex.band.hi, None, ex.withheld, ex.shared_with, ex.task_ceiling
+    )
 
 
 def _draws(ex: Extrapolation | None) -> np.ndarray:
@@ -219,6 +225,7 @@ def _shared(
     data: Mapping[str, list],
     axes: Mapping[str, Mapping[str, Any]],
     options: BacktestOptions,
+    task_ceilings: Mapping[str, float] | None = None,
 ) -> list[tuple[ConfigCut, Extrapolation | None]]:
     """One cut's extrapolations with shared ceilings (`analysis.ceilings.share_ceilings`)."""
     from analysis.ceilings import share_ceilings
@@ -240,6 +247,7 @@ def _shared(
         for c in share_ceilings(
             configs, options.fit, ceiling_axes=options.ceiling_axes,
             n_boot=options.n_boot, level=options.level, window=options.window, seed=options.seed,
+            task_ceilings=task_ceilings,
         )  # fmt: skip
     }
     out = []

@@ -23,22 +23,37 @@ at the extrapolation's cut:
 Without ceiling axes (a task that knows none, nothing declared) every configuration keeps its own
 A. Configurations whose own prediction is withheld (an unstable window, a failed fit) stay
 withheld and take no part in a group.
+
+Where the task also knows the ceiling's *value* (`task_ceiling`: sumk's is the share of its
+held-out problems that fit the generation budget, plus a guess's chance on the rest), a group
+(one configuration included) is first tested against it: the hypothesis that the recipe learns
+everything the task allows, A = the task's ceiling, is kept unless the windows reject it (an
+F-test at `TASK_CEILING_LEVEL` of A held there against one A fitted below it, each member its own
+B and Cmid, `holds_ceiling`). Kept, every member is extrapolated with A at the task's ceiling;
+rejected, the group shares its fitted A as above (never above the task's ceiling). A window that
+has not yet reached its plateau cannot reject it, and a fitted A there is what the first quarter
+or half cannot pin down (docs/predictions.md); a configuration that stops short of the ceiling
+rejects it once its window shows the plateau. The band is the hull of the configuration's own
+band and the refit's, as for a shared A, so a held ceiling never narrows it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize_scalar
+from scipy.stats import f as f_dist
 
 from analysis.effects import DEFAULT_EFFECT_OPTIONS, EffectOptions
-from analysis.extrapolation import Extrapolation, extrapolate, fit_window
+from analysis.extrapolation import extrapolate, fit_window
 from analysis.fit import fit_curves
 from analysis.intervals import Interval
 from analysis.options import FitOptions
+from analysis.problem import num_free
 from analysis.ranking import ABLATE_AXIS, ConfigResult, effects, fmt_axis_value
 
 TASK_CEILING_AXES: dict[str, tuple[str, ...]] = {
@@ -52,6 +67,35 @@ needs k + 4 tokens) over its digit range; the model is listed too, since capacit
 
 A_GRID_POINTS = 21
 """Coarse grid of the shared-A profile before the bounded refinement around its best point."""
+
+
+TASK_CEILING_LEVEL = 0.95
+"""The F-test's level: the windows reject A = the task's ceiling beyond this quantile."""
+
+_CEILING_TOL = 1e-9
+"""Members whose task ceilings differ by more than this have no common one."""
+
+
+def task_ceiling(config: Mapping[str, Any]) -> float | None:
+    """The highest pass rate a run's evaluations can show, where its task knows it, else None.
+
+    sumk with a hard generation budget (`length.control` none or penalty; the penalty only shapes
+    the training reward): the share of its held-out problems whose worked completion fits, plus
+    the chance of a guess on the rest (`recipe.tasks.sumk.held_out_ceiling`). Under interruption
+    the forced answer after a drawn budget makes the ceiling a property of the draw: unknown here;
+    so is every other task's."""
+    data, length = config.get("data") or {}, config.get("length") or {}
+    if data.get("task") != "sumk" or length.get("control") not in ("none", "penalty"):
+        return None
+    from recipe.tasks import sumk  # numpy only: the control plane stays free of torch
+
+    try:
+        return sumk.held_out_ceiling(
+            int(data["num_valid_prompts"]), int(data["sumk_min_digits"]), int(data["sumk_max_digits"]),
+            int(length["max_new_tokens"]),
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError):  # an older or partial config: nothing known
+        return None
 
 
 def task_ceiling_axes(tasks: Iterable[str]) -> tuple[str, ...] | None:
@@ -88,10 +132,11 @@ def ceiling_groups(configs: Sequence[ConfigResult], separating: set[str]) -> lis
     return list(groups.values())
 
 
-def shared_a(windows: Sequence[Sequence[tuple[np.ndarray, np.ndarray]]], options: FitOptions) -> float | None:
-    """The A that minimises the summed squared error of the windows, each with its own B and
-    Cmid (a coarse grid over A, then a bounded Brent search around its best); None when no A
-    fits every window."""
+Windows = Sequence[Sequence[tuple[np.ndarray, np.ndarray]]]
+
+
+def _summed_sse(windows: Windows, options: FitOptions) -> Callable[[float], float]:
+    """A -> the windows' summed squared error with A held there, each its own B and Cmid."""
 
     def total(a: float) -> float:
         held = options.replace(fix_a=float(a))
@@ -103,7 +148,17 @@ def shared_a(windows: Sequence[Sequence[tuple[np.ndarray, np.ndarray]]], options
             sse += fit.sse
         return sse
 
+    return total
+
+
+def shared_a(windows: Windows, options: FitOptions, *, upper: float | None = None) -> float | None:
+    """The A that minimises the summed squared error of the windows, each with its own B and
+    Cmid (a coarse grid over A, then a bounded Brent search around its best), at most `upper`;
+    None when no A fits every window."""
+    total = _summed_sse(windows, options)
     lo, hi = options.a_bounds
+    if upper is not None:
+        hi = min(hi, upper)
     grid = np.linspace(lo, hi, A_GRID_POINTS)
     values = np.array([total(a) for a in grid])
     if not np.isfinite(values).any():
@@ -116,6 +171,48 @@ def shared_a(windows: Sequence[Sequence[tuple[np.ndarray, np.ndarray]]], options
     return float(found.x) if math.isfinite(found.fun) and found.fun <= values[best] else float(grid[best])
 
 
+def holds_ceiling(windows: Windows, ceiling: float, options: FitOptions, level: float = TASK_CEILING_LEVEL) -> bool:
+    """Whether the windows are consistent with A = `ceiling`: an F-test of the summed squared
+    error with A held there against one A fitted at most there (each window its own B and Cmid);
+    False when nothing fits with A held there.
+
+    An RL curve's residuals are not independent (the policy wanders from eval to eval), and
+    correlated residuals make an F-test reject far too often; so the statistic and its degrees of
+    freedom are deflated by (1 - rho) / (1 + rho), rho the residuals' lag-1 autocorrelation under
+    the fitted A (an AR(1) series' variance inflation)."""
+    total = _summed_sse(windows, options)
+    held = total(ceiling)
+    if not math.isfinite(held):
+        return False
+    fitted = shared_a(windows, options, upper=ceiling)
+    if fitted is None or total(fitted) >= held:
+        return True
+    free = total(fitted)
+    rho = _lag1_autocorrelation(windows, options.replace(fix_a=fitted))
+    deflate = (1 - rho) / (1 + rho)
+    n = sum(len(c) for window in windows for c, _ in window)
+    params = len(windows) * (num_free(options) - 1) + 1
+    dof = n * deflate - params
+    if dof < 1 or free <= 0:
+        return False
+    statistic = (held - free) / (free / (n - params)) * deflate
+    return statistic <= float(f_dist.ppf(level, 1, dof))
+
+
+def _lag1_autocorrelation(windows: Windows, options: FitOptions) -> float:
+    """The lag-1 autocorrelation of the windows' residuals (each seed's in compute order), in
+    [0, 0.9]: a negative one does not widen the test, and above 0.9 nothing is left to test."""
+    products, squares = 0.0, 0.0
+    for window in windows:
+        fit = fit_curves(window, options)
+        for c, r in window:
+            order = np.argsort(c, kind="stable")
+            resid = np.asarray(r, dtype=float)[order] - fit.predict(np.asarray(c, dtype=float)[order])
+            products += float(np.sum(resid[1:] * resid[:-1]))
+            squares += float(np.sum(resid**2))
+    return float(np.clip(products / squares, 0.0, 0.9)) if squares > 0 else 0.0
+
+
 def share_ceilings(
     configs: Sequence[ConfigResult],
     options: FitOptions,
@@ -126,19 +223,24 @@ def share_ceilings(
     window: float = 0.1,
     seed: int = 0,
     effect_options: EffectOptions = DEFAULT_EFFECT_OPTIONS,
+    task_ceilings: Mapping[str, float] | None = None,
 ) -> list[ConfigResult]:
     """The configurations with each group's extrapolations redone at the group's A (module
     docstring; the same cut, target, bootstrap size and level as their own). `ceiling_axes` None:
-    nothing is known about the ceilings, every configuration keeps its own."""
+    nothing is known about the ceilings, every configuration keeps its own. `task_ceilings`:
+    label -> the task's ceiling (`task_ceiling`) where known; a group whose members share one is
+    held there unless its windows reject it (`holds_ceiling`)."""
     if ceiling_axes is None:
         return list(configs)
     separating = separating_axes(configs, ceiling_axes, effect_options)
     refitted: dict[int, ConfigResult] = {}
     for group in ceiling_groups(configs, separating):
-        if len(group) < 2:
+        ceiling = _common_ceiling(group, task_ceilings or {})
+        if len(group) < 2 and ceiling is None:
             continue
         windows = [fit_window(c.curve_data(), c.extrapolation.fit_until) for c in group]  # type: ignore[union-attr]
-        a = shared_a(windows, options)
+        held = ceiling is not None and holds_ceiling(windows, ceiling, options)
+        a = ceiling if held else shared_a(windows, options, upper=ceiling) if len(group) > 1 else None
         if a is None:
             continue
         for c in group:
@@ -152,6 +254,17 @@ def share_ceilings(
                 continue
             band = Interval(min(own.band.lo, shared.band.lo), max(own.band.hi, shared.band.hi))
             within = None if shared.observed is None else band.contains(shared.observed)
-            extrapolation = replace(shared, band=band, within_band=within, shared_with=len(group))
+            extrapolation = replace(
+                shared, band=band, within_band=within, shared_with=len(group), task_ceiling=ceiling if held else None
+            )
             refitted[id(c)] = replace(c, extrapolation=extrapolation)
     return [refitted.get(id(c), c) for c in configs]
+
+
+def _common_ceiling(group: Sequence[ConfigResult], task_ceilings: Mapping[str, float]) -> float | None:
+    """The task ceiling every member of the group has (within `_CEILING_TOL`), else None."""
+    values = [task_ceilings.get(c.label) for c in group]
+    if any(v is None for v in values):
+        return None
+    known = [float(v) for v in values if v is not None]
+    return known[0] if max(known) - min(known) <= _CEILING_TOL else None

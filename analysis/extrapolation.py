@@ -54,6 +54,8 @@ class Extrapolation:
     withheld: str | None = None
     shared_with: int = 1
     """Configurations whose fitted A this prediction shares (`analysis.ceilings`); 1: its own A."""
+    task_ceiling: float | None = None
+    """The task's ceiling when A was held there (`analysis.ceilings.holds_ceiling`), else None."""
 
     @property
     def predicts(self) -> bool:

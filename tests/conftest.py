@@ -131,11 +131,13 @@ def sweep_file(tmp_path: Path):
 # Helpers shared by the report tests (imported as `from conftest import ...`)
 
 
-def add_curve_run(store, sweep: str, run_id: str, axes: dict, compute, pass_rate, *, num_samples: int = 16) -> None:
+def add_curve_run(
+    store, sweep: str, run_id: str, axes: dict, compute, pass_rate, *, num_samples: int = 16, config: dict | None = None
+) -> None:
     """A completed run whose eval points are the given curve (compute as GPU-hours)."""
     from store import NewRun, RunState
 
-    store.register_runs(sweep, [NewRun(run_id, 0, {}, axes, {"gpu_hours": float(compute[-1])}, "/nowhere")])
+    store.register_runs(sweep, [NewRun(run_id, 0, config or {}, axes, {"gpu_hours": float(compute[-1])}, "/nowhere")])
     points = [
         dict(step=i, pass_rate=float(r), flops=0.0, tokens=0, device_seconds=0.0, gpu_hours=float(c), num_samples=num_samples)
         for i, (c, r) in enumerate(zip(compute, pass_rate))

@@ -1,18 +1,23 @@
 """Shared ceilings (`analysis.ceilings`): configurations that agree on the ceiling axes are
-extrapolated with one A, on synthetic sweeps whose true curves are known."""
+extrapolated with one A, held at the task's ceiling where the windows do not reject it, on
+synthetic sweeps whose true curves are known."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import add_curve_run
 
 from analysis.backtest import BacktestOptions, backtest
-from analysis.ceilings import separating_axes, shared_a, task_ceiling_axes
+from analysis.ceilings import holds_ceiling, separating_axes, shared_a, task_ceiling, task_ceiling_axes
 from analysis.curve import sigmoid
+from analysis.extrapolation import fit_window
 from analysis.options import DEFAULT_OPTIONS
 from analysis.synthetic import noisy_curve
 from launcher.cli import cli
+from recipe.tasks import sumk
+from store import Store
 
 COMPUTE = np.concatenate([np.linspace(0, 4000, 21), np.linspace(4500, 16000, 24)])  # dense early evals
 # budget sets the ceiling; warm-up only moves Cmid and B (the quickstart's design)
@@ -81,6 +86,109 @@ def test_the_tasks_know_their_ceiling_axes():
     assert "length.max_new_tokens" in task_ceiling_axes(["sumk", "sumk"])
     assert task_ceiling_axes(["math-jsonl"]) is None  # nothing known: each configuration its own A
     assert task_ceiling_axes(["sumk", "sort6"]) is None
+
+
+def _sumk_config(budget: int, control: str = "none", **data: int) -> dict:
+    data = {"task": "sumk", "num_valid_prompts": 1024, "sumk_min_digits": 2, "sumk_max_digits": 12} | data
+    return {"data": data, "length": {"control": control, "max_new_tokens": budget}}
+
+
+def test_sumk_knows_the_ceiling_of_its_held_out_set():
+    """The share of the run's own held-out problems that fit the budget, plus a guess's 1 in 100
+    on the rest: about 8/11 at budget 13 (k 2..9 of 2..12), every problem at 16."""
+    _, valid = sumk.prompt_sets(50, 1024)
+    assert sumk.held_out_prompts(1024) == valid  # the set the runs evaluate on
+    fits = np.mean([sumk.tokens_needed(p) <= 13 for p in valid])
+    assert task_ceiling(_sumk_config(13)) == pytest.approx(fits + 0.01 * (1 - fits))
+    assert 0.70 < task_ceiling(_sumk_config(13)) < 0.76
+    assert task_ceiling(_sumk_config(16)) == pytest.approx(1.0)
+    assert task_ceiling(_sumk_config(16, sumk_max_digits=5)) == 1.0
+    assert task_ceiling(_sumk_config(9, sumk_min_digits=6)) == pytest.approx(0.01)  # nothing fits: guesses only
+    assert task_ceiling(_sumk_config(13, control="penalty")) == task_ceiling(_sumk_config(13))
+    assert task_ceiling(_sumk_config(13, control="interrupt")) is None  # the forced answer's draw decides
+    assert task_ceiling({"data": {"task": "math-jsonl"}, "length": {"control": "none"}}) is None
+    assert task_ceiling({"data": {"task": "sumk"}, "length": {"control": "none"}}) is None  # partial config
+
+
+def _one_curve(A: float, seed: int, fraction: float) -> list:
+    rng = np.random.default_rng(seed)
+    return fit_window([(COMPUTE, noisy_curve(COMPUTE, A, 1.2, 4000.0, R0, rng=rng, drift_sd=0.004))], fraction * COMPUTE[-1])
+
+
+def test_a_window_below_its_plateau_does_not_reject_the_task_ceiling_and_one_at_a_lower_plateau_does():
+    """The F-test of A held at the task's ceiling (0.75): a run that will reach it cannot reject
+    it from any cut; a run whose plateau is 0.55 rejects it once its window shows the plateau."""
+    for seed in range(3):
+        for fraction in (0.25, 0.5, 1.0):
+            assert holds_ceiling([_one_curve(0.75, seed, fraction)], 0.75, DEFAULT_OPTIONS)
+        assert not holds_ceiling([_one_curve(0.55, seed, 0.5)], 0.75, DEFAULT_OPTIONS)
+        assert not holds_ceiling([_one_curve(0.55, seed, 1.0)], 0.75, DEFAULT_OPTIONS)
+
+
+def test_a_quarter_of_the_compute_predicts_better_held_at_the_task_ceiling():
+    """Over several noise draws, configurations that reach the task's ceiling (one alone in its
+    group, as a leave-one-out's rows are): from 25% the held predictions are closer to the truth
+    than their own fits', say which value they held, and their band still holds the prediction.
+    A configuration whose task ceiling is not known keeps its own A."""
+    own_errors, held_errors, rejected = [], [], 0
+    for seed in range(4):
+        curves, axes = _sweep(seed)
+        ceilings = {label: TRUTH[key][0] for key in TRUTH if (label := _label(*key)) in curves}
+        unknown = _label("13", "40")
+        del ceilings[unknown]
+        options = BacktestOptions(n_boot=30, workers=1, cuts=(0.25,), ceiling_axes=("budget", "warmup"))
+        own = backtest(curves, options, axes)  # every configuration alone: nothing to share
+        held = backtest(curves, options, axes, ceilings)
+        for cut in own.cuts[0].configs:
+            assert cut.shared_with == 1 and cut.task_ceiling is None
+            own_errors.append(abs(cut.predicted - _true_final(cut.label)))
+        for cut in held.cuts[0].configs:
+            if cut.label == unknown:
+                assert cut.task_ceiling is None
+                continue
+            assert cut.task_ceiling in (None, ceilings[cut.label])
+            rejected += cut.task_ceiling is None  # an F-test at 95% rejects a true ceiling now and then
+            assert cut.lo <= cut.predicted <= cut.hi
+            held_errors.append(abs(cut.predicted - _true_final(cut.label)))
+    assert rejected <= 2, rejected  # of 16
+    assert np.mean(held_errors) < 0.5 * np.mean(own_errors), (np.mean(held_errors), np.mean(own_errors))  # 0.010 vs 0.030 here
+
+
+def test_report_and_backtest_hold_a_sumk_sweep_at_its_task_ceilings(sqlite_url, tmp_path):
+    """Through the store and the CLI: a sumk sweep's runs carry their configs, so `sweep report
+    --fit-until` and `--backtest` know each budget's ceiling and say where they held A there;
+    `--own-ceilings` holds nothing."""
+    import json
+
+    store = Store(sqlite_url)
+    store.upsert_sweep("synth", {}, "/nowhere", "local")
+    rng = np.random.default_rng(3)
+    ceilings = {}
+    for budget in (9, 13):
+        config = _sumk_config(budget)
+        ceilings[budget] = task_ceiling(config)
+        for warmup, (B, C) in {20: (1.2, 3500.0), 80: (1.4, 5000.0)}.items():
+            curve = noisy_curve(COMPUTE, ceilings[budget], B, C, R0, rng=rng, drift_sd=0.003)
+            axes = {"length.max_new_tokens": budget, "optim.warmup_steps": warmup}
+            add_curve_run(store, "synth", f"b{budget}-w{warmup}", axes, COMPUTE, curve, config=config)
+    runner = CliRunner()
+    predict = ["--db", sqlite_url, "report", "synth", "--fit-until", "25%", "--predict", "100%", "--bootstrap", "30"]
+    report = runner.invoke(cli, [*predict, "--format", "json"])
+    assert report.exit_code == 0, report.output
+    runs = json.loads(report.output)["runs"]
+    assert sorted(r["extrapolation"]["task_ceiling"] for r in runs) == sorted([ceilings[9]] * 2 + [ceilings[13]] * 2)
+    for r in runs:
+        e = r["extrapolation"]
+        assert e["task_ceiling"] == ceilings[r["axes"]["length.max_new_tokens"]]
+        assert abs(e["error"]) < 0.02, r
+    own = runner.invoke(cli, [*predict, "--format", "json", "--own-ceilings"])
+    assert [r["extrapolation"]["task_ceiling"] for r in json.loads(own.output)["runs"]] == [None] * 4
+    backtest_json = runner.invoke(
+        cli, ["--db", sqlite_url, "report", "synth", "--backtest", "--format", "json", "--bootstrap", "30", "--out", str(tmp_path)]
+    )
+    assert backtest_json.exit_code == 0, backtest_json.output
+    held = [c["task_ceiling"] for cut in json.loads(backtest_json.output)["cuts"] for c in cut["configs"]]
+    assert sum(v is not None for v in held) >= 0.9 * len(held)  # 40 predictions; the F-test may reject a few
 
 
 def test_separating_axes_are_the_declared_ones_when_nothing_moves_a():

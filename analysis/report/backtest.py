@@ -21,7 +21,7 @@ from rich.text import Text
 from analysis.backtest import Backtest, BacktestOptions, CutSummary, backtest
 from analysis.data import CurveLike
 from analysis.options import FitOptions, Method, R0Mode
-from analysis.report.build import read_configurations, sweep_ceiling_axes
+from analysis.report.build import read_configurations, sweep_ceiling_axes, sweep_task_ceilings
 from analysis.report.plots import _new_figure, to_png
 from store import RunState, Store
 
@@ -49,7 +49,7 @@ def sweep_backtest(
     }
     if not configs:
         raise ValueError(f"sweep {sweep!r} has no completed configuration with evaluation points on {axis!r} to backtest")
-    return axis, backtest(configs, options, axes)
+    return axis, backtest(configs, options, axes, None if own_ceilings else sweep_task_ceilings(store, sweep))
 
 
 def backtest_table(sweep: str, result: Backtest) -> Table:
@@ -146,6 +146,7 @@ def _cut_json(c: CutSummary) -> dict[str, Any]:
                 "covered": x.covered,
                 "withheld": x.withheld,
                 "shared_with": x.shared_with,
+                "task_ceiling": _num(x.task_ceiling),
             }
             for x in c.configs
         ],

@@ -33,7 +33,7 @@ from analysis import (
     fit_curves,
 )
 from analysis.trackers import tracker_links
-from analysis.ceilings import share_ceilings, task_ceiling_axes
+from analysis.ceilings import share_ceilings, task_ceiling, task_ceiling_axes
 from analysis.effects import EffectOptions
 from analysis.ranking import ConfigResult, Curve, comparisons, config_label, effects, rank, rank_at_predict
 from store import COMPUTE_AXES, EvalRecord, Store, same_seed_reruns
@@ -126,9 +126,18 @@ def build_report(store: Store, sweep: str, options: ReportOptions = ReportOption
         options,
     )
     ceilings = sweep_ceiling_axes(store, sweep, axes_of, options.ceiling_axes, own=options.own_ceilings)
-    return replace(
-        finish_report(sweep, options, compute, configs, ceilings), reruns=reruns, trackers=run_trackers(store, sweep)
-    )
+    report = finish_report(sweep, options, compute, configs, ceilings, sweep_task_ceilings(store, sweep))
+    return replace(report, reruns=reruns, trackers=run_trackers(store, sweep))
+
+
+def sweep_task_ceilings(store: Store, sweep: str) -> dict[str, float]:
+    """Configuration label -> its task's ceiling (`analysis.ceilings.task_ceiling`), for the
+    configurations whose runs all know the same one."""
+    found: dict[str, set[float | None]] = {}
+    for run in store.runs(sweep):
+        label = config_label({k: v for k, v in run.axes.items() if k != "seed"}) or run.id
+        found.setdefault(label, set()).add(task_ceiling(run.config))
+    return {label: values.pop() for label, values in found.items() if len(values) == 1 and None not in values}
 
 
 def sweep_ceiling_axes(
@@ -227,12 +236,18 @@ def analyse(
 
 
 def finish_report(
-    sweep: str, options: ReportOptions, compute: str, configs: list[ConfigResult], ceiling_axes: tuple[str, ...] | None = None
+    sweep: str,
+    options: ReportOptions,
+    compute: str,
+    configs: list[ConfigResult],
+    ceiling_axes: tuple[str, ...] | None = None,
+    task_ceilings: dict[str, float] | None = None,
 ) -> Report:
     if options.predict_at is not None and ceiling_axes is not None:
         configs = share_ceilings(
             configs, options.fit_options(), ceiling_axes=ceiling_axes, n_boot=max(options.n_boot, 50),
             level=options.level, effect_options=EffectOptions(margin=options.margin, level=options.level),
+            task_ceilings=task_ceilings,
         )  # fmt: skip
     ranked = rank(configs, include_flagged=options.include_flagged)
     if options.predict_at is not None:

@@ -90,6 +90,7 @@ def _extrapolation_json(c: ConfigResult) -> dict[str, Any]:
         "within_band": e.within_band,
         "withheld": e.withheld,
         "shared_with": e.shared_with,
+        "task_ceiling": _num(e.task_ceiling),
     }
 
 
@@ -240,6 +241,12 @@ def prediction_summary(report: Report) -> str | None:
     withheld = [e for e in made if e.withheld is not None]
     if withheld:
         text += f"; {len(withheld)} withheld (unstable or unfitted before C1)"
+    held = [e for e in made if e.task_ceiling is not None]
+    if held:
+        text += (
+            f"; {len(held)} with A held at the task's ceiling (the share of held-out problems the budget "
+            "allows), which their windows do not reject"
+        )
     return text + "."
 
 

@@ -35,6 +35,7 @@ docs/effects.md.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -144,10 +145,24 @@ def prompt_sets(
     """
     if num_train < 1 or num_valid < 1:
         raise ValueError(f"data.num_train_prompts={num_train} and data.num_valid_prompts={num_valid} must be >= 1")
-    check_digit_range(min_digits, max_digits)
-    valid = _draw(np.random.default_rng([SPLIT_SEED, 0]), num_valid, min_digits, max_digits, set(), unique=True)
+    valid = held_out_prompts(num_valid, min_digits, max_digits)
     train = _draw(np.random.default_rng([SPLIT_SEED, 1]), num_train, min_digits, max_digits, set(valid))
     return train, valid
+
+
+def held_out_prompts(
+    num_valid: int, min_digits: int = DEFAULT_MIN_DIGITS, max_digits: int = DEFAULT_MAX_DIGITS
+) -> list[str]:
+    """The held-out prompts of `prompt_sets` (drawn from their own stream: no train set needed)."""
+    check_digit_range(min_digits, max_digits)
+    return _draw(np.random.default_rng([SPLIT_SEED, 0]), num_valid, min_digits, max_digits, set(), unique=True)
+
+
+@functools.lru_cache(maxsize=64)
+def held_out_ceiling(num_valid: int, min_digits: int, max_digits: int, budget: int) -> float:
+    """`ceiling` of the held-out set of a run with these data settings and generation budget: the
+    highest pass rate its evaluations can show (what `sweep report` holds extrapolations to)."""
+    return ceiling(held_out_prompts(num_valid, min_digits, max_digits), budget)
 
 
 def warmup_prompts(count: int, seed: int) -> list[str]:
