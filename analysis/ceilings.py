@@ -24,7 +24,7 @@ Without ceiling axes (a task that knows none, nothing declared) every configurat
 A. Configurations whose own prediction is withheld (an unstable window, a failed fit) stay
 withheld and take no part in a group.
 
-Where the task also knows the ceiling's *value* (`task_ceiling`: sumk's is the share of its
+Where the task also knows the ceiling's *value* (`analysis.report.build.task_ceiling`: sumk's is the share of its
 held-out problems that fit the generation budget, plus a guess's chance on the rest), a group
 (one configuration included) is first tested against it: the hypothesis that the recipe learns
 everything the task allows, A = the task's ceiling, is kept unless the windows reject it (an
@@ -42,7 +42,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize_scalar
@@ -74,28 +73,6 @@ TASK_CEILING_LEVEL = 0.95
 
 _CEILING_TOL = 1e-9
 """Members whose task ceilings differ by more than this have no common one."""
-
-
-def task_ceiling(config: Mapping[str, Any]) -> float | None:
-    """The highest pass rate a run's evaluations can show, where its task knows it, else None.
-
-    sumk with a hard generation budget (`length.control` none or penalty; the penalty only shapes
-    the training reward): the share of its held-out problems whose worked completion fits, plus
-    the chance of a guess on the rest (`recipe.tasks.sumk.held_out_ceiling`). Under interruption
-    the forced answer after a drawn budget makes the ceiling a property of the draw: unknown here;
-    so is every other task's."""
-    data, length = config.get("data") or {}, config.get("length") or {}
-    if data.get("task") != "sumk" or length.get("control") not in ("none", "penalty"):
-        return None
-    from recipe.tasks import sumk  # numpy only: the control plane stays free of torch
-
-    try:
-        return sumk.held_out_ceiling(
-            int(data["num_valid_prompts"]), int(data["sumk_min_digits"]), int(data["sumk_max_digits"]),
-            int(length["max_new_tokens"]),
-        )  # fmt: skip
-    except (KeyError, TypeError, ValueError):  # an older or partial config: nothing known
-        return None
 
 
 def task_ceiling_axes(tasks: Iterable[str]) -> tuple[str, ...] | None:
@@ -228,7 +205,7 @@ def share_ceilings(
     """The configurations with each group's extrapolations redone at the group's A (module
     docstring; the same cut, target, bootstrap size and level as their own). `ceiling_axes` None:
     nothing is known about the ceilings, every configuration keeps its own. `task_ceilings`:
-    label -> the task's ceiling (`task_ceiling`) where known; a group whose members share one is
+    label -> the task's ceiling (`analysis.report.build.task_ceiling`) where known; a group whose members share one is
     held there unless its windows reject it (`holds_ceiling`)."""
     if ceiling_axes is None:
         return list(configs)

@@ -10,10 +10,11 @@ from click.testing import CliRunner
 from conftest import add_curve_run
 
 from analysis.backtest import BacktestOptions, backtest
-from analysis.ceilings import holds_ceiling, separating_axes, shared_a, task_ceiling, task_ceiling_axes
+from analysis.ceilings import holds_ceiling, separating_axes, shared_a, task_ceiling_axes
 from analysis.curve import sigmoid
 from analysis.extrapolation import fit_window
 from analysis.options import DEFAULT_OPTIONS
+from analysis.report.build import task_ceiling
 from analysis.synthetic import noisy_curve
 from launcher.cli import cli
 from recipe.tasks import sumk

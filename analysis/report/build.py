@@ -17,7 +17,7 @@ import difflib
 import math
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -33,7 +33,7 @@ from analysis import (
     fit_curves,
 )
 from analysis.trackers import tracker_links
-from analysis.ceilings import share_ceilings, task_ceiling, task_ceiling_axes
+from analysis.ceilings import share_ceilings, task_ceiling_axes
 from analysis.effects import EffectOptions
 from analysis.ranking import ConfigResult, Curve, comparisons, config_label, effects, rank, rank_at_predict
 from store import COMPUTE_AXES, EvalRecord, Store, same_seed_reruns
@@ -130,9 +130,31 @@ def build_report(store: Store, sweep: str, options: ReportOptions = ReportOption
     return replace(report, reruns=reruns, trackers=run_trackers(store, sweep))
 
 
+def task_ceiling(config: Mapping[str, Any]) -> float | None:
+    """The highest pass rate a run's evaluations can show, where its task knows it, else None.
+
+    sumk with a hard generation budget (`length.control` none or penalty; the penalty only shapes
+    the training reward): the share of its held-out problems whose worked completion fits, plus
+    the chance of a guess on the rest (`recipe.tasks.sumk.held_out_ceiling`). Under interruption
+    the forced answer after a drawn budget makes the ceiling a property of the draw: unknown here;
+    so is every other task's."""
+    data, length = config.get("data") or {}, config.get("length") or {}
+    if data.get("task") != "sumk" or length.get("control") not in ("none", "penalty"):
+        return None
+    from recipe.tasks import sumk  # numpy only: the control plane stays free of torch
+
+    try:
+        return sumk.held_out_ceiling(
+            int(data["num_valid_prompts"]), int(data["sumk_min_digits"]), int(data["sumk_max_digits"]),
+            int(length["max_new_tokens"]),
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError):  # an older or partial config: nothing known
+        return None
+
+
 def sweep_task_ceilings(store: Store, sweep: str) -> dict[str, float]:
-    """Configuration label -> its task's ceiling (`analysis.ceilings.task_ceiling`), for the
-    configurations whose runs all know the same one."""
+    """Configuration label -> its task's ceiling (`task_ceiling`), for the configurations whose
+    runs all know the same one."""
     found: dict[str, set[float | None]] = {}
     for run in store.runs(sweep):
         label = config_label({k: v for k, v in run.axes.items() if k != "seed"}) or run.id
