@@ -24,17 +24,19 @@ Without ceiling axes (a task that knows none, nothing declared) every configurat
 A. Configurations whose own prediction is withheld (an unstable window, a failed fit) stay
 withheld and take no part in a group.
 
-Where the task also knows the ceiling's *value* (`analysis.report.build.task_ceiling`: sumk's is the share of its
-held-out problems that fit the generation budget, plus a guess's chance on the rest), a group
-(one configuration included) is first tested against it: the hypothesis that the recipe learns
-everything the task allows, A = the task's ceiling, is kept unless the windows reject it (an
-F-test at `TASK_CEILING_LEVEL` of A held there against one A fitted below it, each member its own
-B and Cmid, `holds_ceiling`). Kept, every member is extrapolated with A at the task's ceiling;
-rejected, the group shares its fitted A as above (never above the task's ceiling). A window that
-has not yet reached its plateau cannot reject it, and a fitted A there is what the first quarter
-or half cannot pin down (docs/predictions.md); a configuration that stops short of the ceiling
-rejects it once its window shows the plateau. The band is the hull of the configuration's own
-band and the refit's, as for a shared A, so a held ceiling never narrows it.
+Where the task also knows the ceiling's *value* (`analysis.report.build.task_ceiling`: sumk's is
+the share of its held-out problems that fit the generation budget, plus a guess's chance on the
+rest), a group (one configuration alone included) is first tested against it: the hypothesis
+that the recipe learns everything the task allows, A = the task's ceiling, is kept unless the
+windows reject it (an F-test at `TASK_CEILING_LEVEL` of A held there against A fitted below it,
+`holds_ceiling`); where the group's windows together reject it, each member is tested on its own.
+Kept, a configuration is extrapolated with A at the task's ceiling; the members that reject it
+share one fitted A below it (two or more) or keep their own. A window
+that has not yet reached its plateau cannot reject it, and a fitted A there is what the first
+quarter or half cannot pin down (docs/predictions.md); a configuration that stops short of the
+ceiling rejects it once its window shows the plateau, and one member's plateau says nothing
+about the others'. The band is the hull of the configuration's own band and the refit's, as for
+a shared A, so a held ceiling never narrows it.
 """
 
 from __future__ import annotations
@@ -212,30 +214,50 @@ def share_ceilings(
     separating = separating_axes(configs, ceiling_axes, effect_options)
     refitted: dict[int, ConfigResult] = {}
     for group in ceiling_groups(configs, separating):
-        ceiling = _common_ceiling(group, task_ceilings or {})
-        if len(group) < 2 and ceiling is None:
-            continue
-        windows = [fit_window(c.curve_data(), c.extrapolation.fit_until) for c in group]  # type: ignore[union-attr]
-        held = ceiling is not None and holds_ceiling(windows, ceiling, options)
-        a = ceiling if held else shared_a(windows, options, upper=ceiling) if len(group) > 1 else None
-        if a is None:
-            continue
-        for c in group:
-            own = c.extrapolation
-            assert own is not None
-            shared = extrapolate(
-                c.curve_data(), options.replace(fix_a=a), fit_until=own.fit_until, predict_at=own.predict_at,
-                n_boot=n_boot, seed=seed, level=level, window=window,
-            )  # fmt: skip
-            if not shared.predicts:
-                continue
-            band = Interval(min(own.band.lo, shared.band.lo), max(own.band.hi, shared.band.hi))
-            within = None if shared.observed is None else band.contains(shared.observed)
-            extrapolation = replace(
-                shared, band=band, within_band=within, shared_with=len(group), task_ceiling=ceiling if held else None
-            )
-            refitted[id(c)] = replace(c, extrapolation=extrapolation)
+        for members, a, held in _ceiling_parts(group, options, task_ceilings or {}):
+            for c in members:
+                own = c.extrapolation
+                assert own is not None
+                shared = extrapolate(
+                    c.curve_data(), options.replace(fix_a=a), fit_until=own.fit_until, predict_at=own.predict_at,
+                    n_boot=n_boot, seed=seed, level=level, window=window,
+                )  # fmt: skip
+                if not shared.predicts:
+                    continue
+                band = Interval(min(own.band.lo, shared.band.lo), max(own.band.hi, shared.band.hi))
+                within = None if shared.observed is None else band.contains(shared.observed)
+                extrapolation = replace(
+                    shared, band=band, within_band=within, shared_with=len(members), task_ceiling=a if held else None
+                )
+                refitted[id(c)] = replace(c, extrapolation=extrapolation)
     return [refitted.get(id(c), c) for c in configs]
+
+
+def _ceiling_parts(
+    group: Sequence[ConfigResult], options: FitOptions, task_ceilings: Mapping[str, float]
+) -> list[tuple[list[ConfigResult], float, bool]]:
+    """How one ceiling group is extrapolated: (members, their A, whether it is the task's ceiling).
+
+    Without a task ceiling the group shares its fitted A. With one, the group is held there when
+    its windows together do not reject it (pooled, the test is not fooled by one member's slow
+    climb); when they do, each member whose own window does not reject it is still held (one
+    member's plateau below it says nothing about the others'), and the members that reject it
+    share a fitted A below it."""
+    windows = {id(c): fit_window(c.curve_data(), c.extrapolation.fit_until) for c in group}  # type: ignore[union-attr]
+    ceiling = _common_ceiling(group, task_ceilings)
+    held: list[ConfigResult] = []
+    if ceiling is not None:
+        if holds_ceiling(list(windows.values()), ceiling, options):
+            held = list(group)
+        elif len(group) > 1:
+            held = [c for c in group if holds_ceiling([windows[id(c)]], ceiling, options)]
+    rest = [c for c in group if all(c is not h for h in held)]
+    parts: list[tuple[list[ConfigResult], float, bool]] = [(held, ceiling, True)] if held and ceiling is not None else []
+    if len(rest) > 1:
+        a = shared_a([windows[id(c)] for c in rest], options, upper=ceiling)
+        if a is not None:
+            parts.append((rest, a, False))
+    return parts
 
 
 def _common_ceiling(group: Sequence[ConfigResult], task_ceilings: Mapping[str, float]) -> float | None:

@@ -155,6 +155,22 @@ def test_a_quarter_of_the_compute_predicts_better_held_at_the_task_ceiling():
     assert np.mean(held_errors) < 0.5 * np.mean(own_errors), (np.mean(held_errors), np.mean(own_errors))  # 0.010 vs 0.030 here
 
 
+def test_a_member_that_stops_short_of_the_task_ceiling_is_not_held_with_its_group():
+    """Three configurations of one budget, one of them with a recipe that stops at 0.55: from
+    half the compute its window rejects the task's 0.75, so it keeps its own A (and predicts its
+    own end), while the two that reach the ceiling are still held there."""
+    rng = np.random.default_rng(5)
+    truth = {"reaches-a": (0.75, 1.2, 3500.0), "reaches-b": (0.75, 1.4, 5000.0), "stops-short": (0.55, 1.3, 3000.0)}
+    curves = {k: [(COMPUTE, noisy_curve(COMPUTE, A, B, C, R0, rng=rng, drift_sd=0.003))] for k, (A, B, C) in truth.items()}
+    axes = {k: {"budget": 13, "recipe": k} for k in truth}
+    options = BacktestOptions(n_boot=30, workers=1, cuts=(0.5,), ceiling_axes=("budget",))
+    cuts = {c.label: c for c in backtest(curves, options, axes, {k: 0.75 for k in truth}).cuts[0].configs}
+    assert cuts["reaches-a"].task_ceiling == cuts["reaches-b"].task_ceiling == 0.75
+    assert cuts["stops-short"].task_ceiling is None
+    for label, (A, B, C) in truth.items():
+        assert abs(cuts[label].predicted - float(sigmoid(COMPUTE[-1], A, B, C, R0))) < 0.02, cuts[label]
+
+
 def test_report_and_backtest_hold_a_sumk_sweep_at_its_task_ceilings(sqlite_url, tmp_path):
     """Through the store and the CLI: a sumk sweep's runs carry their configs, so `sweep report
     --fit-until` and `--backtest` know each budget's ceiling and say where they held A there;
