@@ -451,7 +451,7 @@ def logs_cmd(ctx: click.Context, run: str, which: str, follow: bool, task: int) 
     "--compute",
     type=click.Choice(COMPUTE_AXES),
     default=None,
-    help="Compute axis [default: gpu_hours on GPUs, else flops].",
+    help="Compute axis [default: gpu_hours on GPUs, else tokens (generated), else flops].",
 )
 @click.option(
     "--method",

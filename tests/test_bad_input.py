@@ -356,7 +356,7 @@ def test_the_prediction_summary_says_when_every_configuration_reached_the_target
     from analysis.report.build import ReportOptions
     from analysis.report.render import prediction_summary
 
-    withheld = SimpleNamespace(error=None, observed=0.5, withheld="unstable")
+    withheld = SimpleNamespace(error=None, observed=0.5, withheld="unstable", task_ceiling=None)
     report = SimpleNamespace(
         configs=[SimpleNamespace(extrapolation=withheld)] * 3, compute="gpu_hours",
         options=ReportOptions(fit_until=0.5, predict_at=1.0, relative=True, n_boot=0),

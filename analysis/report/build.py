@@ -222,7 +222,7 @@ def read_configurations(
     store: Store, sweep: str, compute: str | None = None
 ) -> tuple[str, dict[str, list[Curve]], dict[str, dict[str, Any]]]:
     """The sweep's curves grouped by configuration (axis values without the seed), on `compute`
-    (default: gpu_hours where every run has them, else flops): (axis, curves by label, axes by label)."""
+    (default: gpu_hours where every run has them, else generated tokens, else flops): (axis, curves by label, axes by label)."""
     runs = store.runs(sweep)
     points = store.sweep_eval_points(sweep)
     compute = compute or _default_axis(points)
@@ -319,8 +319,14 @@ def _analyse_one(group: tuple[str, dict[str, Any], tuple[Curve, ...]], options: 
 
 
 def _default_axis(points: dict[str, list[EvalRecord]]) -> str:
-    every = [p for pts in points.values() for p in pts]
-    return "gpu_hours" if every and all(p.gpu_hours > 0 for p in every if p.step > 0) else "flops"
+    """GPU-hours where every run has them; else generated tokens where every run counts them (a
+    CPU run: its FLOPs are mostly training FLOPs, which fall as the zero-variance filter drops
+    solved groups, so late steps look cheap and the curve seems to speed up; generation, what a
+    GPU run's hours mostly pay for, costs every step the same; docs/predictions.md); else FLOPs."""
+    later = [p for pts in points.values() for p in pts if p.step > 0]
+    if later and all(p.gpu_hours > 0 for p in later):
+        return "gpu_hours"
+    return "tokens" if later and all(p.tokens > 0 for p in later) else "flops"
 
 
 def _value(point: EvalRecord, compute: str) -> float | None:

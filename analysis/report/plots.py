@@ -46,7 +46,7 @@ DPI = 100
 AXIS_LABELS = {
     "gpu_hours": "compute (GPU-hours, log scale)",
     "flops": "compute (FLOPs, log scale)",
-    "tokens": "compute (tokens, log scale)",
+    "tokens": "compute (generated tokens, log scale)",
     "device_seconds": "compute (device-seconds, log scale)",
     "step": "training step (log scale)",
 }
