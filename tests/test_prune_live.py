@@ -84,7 +84,7 @@ def test_the_scheduler_prunes_the_dominated_run_after_a_checkpoint_and_it_resume
 
     code, out = sweep(sqlite_url, "status")
     line = next(x for x in out.splitlines() if x.startswith(f"{frozen}:"))
-    assert "pruned at" in line and "[fit on flops up to" in line and f"pruned at step {stopped_at}; checkpoint" in line
+    assert "pruned at" in line and "[fit on tokens up to" in line and f"pruned at step {stopped_at}; checkpoint" in line
     code, out = sweep(sqlite_url, "status", "--json")
     row = next(r for r in json.loads(out)["runs"] if r["run"] == frozen)
     assert row["state"] == "pruned" and row["prune"] == record
