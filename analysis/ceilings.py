@@ -31,12 +31,12 @@ that the recipe learns everything the task allows, A = the task's ceiling, is ke
 windows reject it (an F-test at `TASK_CEILING_LEVEL` of A held there against A fitted below it,
 `holds_ceiling`); where the group's windows together reject it, each member is tested on its own.
 Kept, a configuration is extrapolated with A at the task's ceiling; the members that reject it
-share one fitted A below it (two or more) or keep their own. A window
-that has not yet reached its plateau cannot reject it, and a fitted A there is what the first
-quarter or half cannot pin down (docs/predictions.md); a configuration that stops short of the
-ceiling rejects it once its window shows the plateau, and one member's plateau says nothing
-about the others'. The band is the hull of the configuration's own band and the refit's, as for
-a shared A, so a held ceiling never narrows it.
+share one fitted A below it (two or more) or keep their own. A window that has not yet reached
+its plateau cannot reject it, and a fitted A there is what the first quarter or half cannot pin
+down (docs/predictions.md); a configuration that stops short of the ceiling rejects it once its
+window shows the plateau, and one member's plateau says nothing about the others'. The band is
+the hull of the configuration's own band and the refit's, as for a shared A, so a held ceiling
+never narrows it.
 """
 
 from __future__ import annotations
@@ -206,9 +206,9 @@ def share_ceilings(
 ) -> list[ConfigResult]:
     """The configurations with each group's extrapolations redone at the group's A (module
     docstring; the same cut, target, bootstrap size and level as their own). `ceiling_axes` None:
-    nothing is known about the ceilings, every configuration keeps its own. `task_ceilings`:
-    label -> the task's ceiling (`analysis.report.build.task_ceiling`) where known; a group whose members share one is
-    held there unless its windows reject it (`holds_ceiling`)."""
+    nothing is known about the ceilings, every configuration keeps its own. `task_ceilings`: label
+    -> the task's ceiling where known (`analysis.report.build.task_ceiling`); a group whose members
+    share one is held there unless its windows reject it (`_ceiling_parts`)."""
     if ceiling_axes is None:
         return list(configs)
     separating = separating_axes(configs, ceiling_axes, effect_options)
@@ -262,8 +262,7 @@ def _ceiling_parts(
 
 def _common_ceiling(group: Sequence[ConfigResult], task_ceilings: Mapping[str, float]) -> float | None:
     """The task ceiling every member of the group has (within `_CEILING_TOL`), else None."""
-    values = [task_ceilings.get(c.label) for c in group]
-    if any(v is None for v in values):
+    if not all(c.label in task_ceilings for c in group):
         return None
-    known = [float(v) for v in values if v is not None]
+    known = [task_ceilings[c.label] for c in group]
     return known[0] if max(known) - min(known) <= _CEILING_TOL else None

@@ -159,7 +159,8 @@ def sweep_task_ceilings(store: Store, sweep: str) -> dict[str, float]:
     for run in store.runs(sweep):
         label = config_label({k: v for k, v in run.axes.items() if k != "seed"}) or run.id
         found.setdefault(label, set()).add(task_ceiling(run.config))
-    return {label: value for label, values in found.items() if len(values) == 1 and (value := next(iter(values))) is not None}
+    known = {label: next(iter(values)) for label, values in found.items() if len(values) == 1}
+    return {label: value for label, value in known.items() if value is not None}
 
 
 def sweep_ceiling_axes(
