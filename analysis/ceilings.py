@@ -24,9 +24,9 @@ Without ceiling axes (a task that knows none, nothing declared) every configurat
 A. Configurations whose own prediction is withheld (an unstable window, a failed fit) stay
 withheld and take no part in a group.
 
-Where the task also knows the ceiling's *value* (`analysis.report.build.task_ceiling`: sumk's is
-the share of its held-out problems that fit the generation budget, plus a guess's chance on the
-rest), a group (one configuration alone included) is first tested against it: the hypothesis
+Where the task also knows the ceiling's *value* (its runs record it with each evaluation,
+`ceiling`; sumk's is the share of its held-out problems that fit the generation cap, plus a
+guess's chance on the rest; `analysis.report.build.sweep_task_ceilings` reads it), a group (one configuration alone included) is first tested against it: the hypothesis
 that the recipe learns everything the task allows, A = the task's ceiling, is kept unless the
 windows reject it (an F-test at `TASK_CEILING_LEVEL` of A held there against A fitted below it,
 `holds_ceiling`); where the group's windows together reject it, each member is tested on its own.
@@ -207,7 +207,7 @@ def share_ceilings(
     """The configurations with each group's extrapolations redone at the group's A (module
     docstring; the same cut, target, bootstrap size and level as their own). `ceiling_axes` None:
     nothing is known about the ceilings, every configuration keeps its own. `task_ceilings`: label
-    -> the task's ceiling where known (`analysis.report.build.task_ceiling`); a group whose members
+    -> the task's ceiling where its runs report one (`sweep_task_ceilings`); a group whose members
     share one is held there unless its windows reject it (`_ceiling_parts`)."""
     if ceiling_axes is None:
         return list(configs)

@@ -132,14 +132,25 @@ def sweep_file(tmp_path: Path):
 
 
 def add_curve_run(
-    store, sweep: str, run_id: str, axes: dict, compute, pass_rate, *, num_samples: int = 16, config: dict | None = None
+    store,
+    sweep: str,
+    run_id: str,
+    axes: dict,
+    compute,
+    pass_rate,
+    *,
+    num_samples: int = 16,
+    config: dict | None = None,
+    metrics: dict | None = None,
 ) -> None:
-    """A completed run whose eval points are the given curve (compute as GPU-hours)."""
+    """A completed run whose eval points are the given curve (compute as GPU-hours), each with
+    `metrics`."""
     from store import NewRun, RunState
 
     store.register_runs(sweep, [NewRun(run_id, 0, config or {}, axes, {"gpu_hours": float(compute[-1])}, "/nowhere")])
     points = [
         dict(step=i, pass_rate=float(r), flops=0.0, tokens=0, device_seconds=0.0, gpu_hours=float(c), num_samples=num_samples)
+        | ({"metrics": metrics} if metrics else {})
         for i, (c, r) in enumerate(zip(compute, pass_rate))
     ]
     store.add_eval_points(run_id, points)

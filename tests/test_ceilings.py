@@ -14,7 +14,6 @@ from analysis.ceilings import holds_ceiling, separating_axes, shared_a, task_cei
 from analysis.curve import sigmoid
 from analysis.extrapolation import fit_window
 from analysis.options import DEFAULT_OPTIONS
-from analysis.report.build import task_ceiling
 from analysis.synthetic import noisy_curve
 from launcher.cli import cli
 from recipe.tasks import sumk
@@ -89,26 +88,16 @@ def test_the_tasks_know_their_ceiling_axes():
     assert task_ceiling_axes(["sumk", "sort6"]) is None
 
 
-def _sumk_config(budget: int, control: str = "none", **data: int) -> dict:
-    data = {"task": "sumk", "num_valid_prompts": 1024, "sumk_min_digits": 2, "sumk_max_digits": 12} | data
-    return {"data": data, "length": {"control": control, "max_new_tokens": budget}}
-
-
 def test_sumk_knows_the_ceiling_of_its_held_out_set():
-    """The share of the run's own held-out problems that fit the budget, plus a guess's 1 in 100
-    on the rest: about 8/11 at budget 13 (k 2..9 of 2..12), every problem at 16."""
+    """The share of the held-out problems that fit the budget, plus a guess's 1 in 100 on the
+    rest: about 8/11 at budget 13 (k 2..9 of 2..12), every problem at 16."""
     _, valid = sumk.prompt_sets(50, 1024)
     assert sumk.held_out_prompts(1024) == valid  # the set the runs evaluate on
     fits = np.mean([sumk.tokens_needed(p) <= 13 for p in valid])
-    assert task_ceiling(_sumk_config(13)) == pytest.approx(fits + 0.01 * (1 - fits))
-    assert 0.70 < task_ceiling(_sumk_config(13)) < 0.76
-    assert task_ceiling(_sumk_config(16)) == pytest.approx(1.0)
-    assert task_ceiling(_sumk_config(16, sumk_max_digits=5)) == 1.0
-    assert task_ceiling(_sumk_config(9, sumk_min_digits=6)) == pytest.approx(0.01)  # nothing fits: guesses only
-    assert task_ceiling(_sumk_config(13, control="penalty")) == task_ceiling(_sumk_config(13))
-    assert task_ceiling(_sumk_config(13, control="interrupt")) is None  # the forced answer's draw decides
-    assert task_ceiling({"data": {"task": "math-jsonl"}, "length": {"control": "none"}}) is None
-    assert task_ceiling({"data": {"task": "sumk"}, "length": {"control": "none"}}) is None  # partial config
+    assert sumk.ceiling(valid, 13) == pytest.approx(fits + 0.01 * (1 - fits))
+    assert 0.70 < sumk.ceiling(valid, 13) < 0.76
+    assert sumk.ceiling(valid, 16) == pytest.approx(1.0)
+    assert sumk.ceiling(sumk.held_out_prompts(256, 6, 12), 9) == pytest.approx(0.01)  # guesses only
 
 
 def _one_curve(A: float, seed: int, fraction: float) -> list:
@@ -172,22 +161,22 @@ def test_a_member_that_stops_short_of_the_task_ceiling_is_not_held_with_its_grou
 
 
 def test_report_and_backtest_hold_a_sumk_sweep_at_its_task_ceilings(sqlite_url, tmp_path):
-    """Through the store and the CLI: a sumk sweep's runs carry their configs, so `sweep report
-    --fit-until` and `--backtest` know each budget's ceiling and say where they held A there;
-    `--own-ceilings` holds nothing."""
+    """Through the store and the CLI: a sumk sweep's eval points carry their held-out set's
+    ceiling, so `sweep report --fit-until` and `--backtest` know each budget's and say where they
+    held A there; `--own-ceilings` holds nothing."""
     import json
 
     store = Store(sqlite_url)
     store.upsert_sweep("synth", {}, "/nowhere", "local")
     rng = np.random.default_rng(3)
-    ceilings = {}
-    for budget in (9, 13):
-        config = _sumk_config(budget)
-        ceilings[budget] = task_ceiling(config)
+    _, valid = sumk.prompt_sets(50, 1024)
+    ceilings = {budget: sumk.ceiling(valid, budget) for budget in (9, 13)}
+    for budget, ceiling in ceilings.items():
         for warmup, (B, C) in {20: (1.2, 3500.0), 80: (1.4, 5000.0)}.items():
-            curve = noisy_curve(COMPUTE, ceilings[budget], B, C, R0, rng=rng, drift_sd=0.003)
+            curve = noisy_curve(COMPUTE, ceiling, B, C, R0, rng=rng, drift_sd=0.003)
             axes = {"length.max_new_tokens": budget, "optim.warmup_steps": warmup}
-            add_curve_run(store, "synth", f"b{budget}-w{warmup}", axes, COMPUTE, curve, config=config)
+            config = {"data": {"task": "sumk"}}  # the task names the ceiling axes; the runs report the value
+            add_curve_run(store, "synth", f"b{budget}-w{warmup}", axes, COMPUTE, curve, config=config, metrics={"ceiling": ceiling})
     runner = CliRunner()
     predict = ["--db", sqlite_url, "report", "synth", "--fit-until", "25%", "--predict", "100%", "--bootstrap", "30"]
     report = runner.invoke(cli, [*predict, "--format", "json"])

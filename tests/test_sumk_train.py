@@ -90,6 +90,21 @@ def test_a_sumk_run_with_interrupts_reports_them(model_dir, tmp_path):
         assert set(by_k) <= {f"pass_rate_k{k}" for k in range(2, 13)} and len(by_k) >= 5
         assert all(0 <= v <= 1 for v in by_k.values())
     assert any("thinking budgets drawn from 2-4 tokens" in line for line in logs)
+    assert all("ceiling" not in p["metrics"] for p in sink.eval_points.values())  # the draw decides it
+
+
+@pytest.mark.parametrize("budget", [9, 13, 16])
+def test_a_sumk_run_reports_the_ceiling_of_its_held_out_set(model_dir, tmp_path, budget):
+    """Each eval point's `ceiling`: the share of the run's own held-out problems that fit its
+    generation cap, plus a guess's 1 in 100 on the rest (what `sweep report` holds predictions to)."""
+    cfg = sumk_recipe(model_dir, **{"length.control": "none", "length.max_new_tokens": budget, "budget.steps": 1})
+    sink = MemorySink()
+    train(cfg, tmp_path, sink, log=lambda _: None)
+    valid = load_task(cfg.data).valid_prompts
+    fits = sum(sumk.tokens_needed(p) <= budget for p in valid) / len(valid)
+    for point in sink.eval_points.values():
+        assert point["metrics"]["ceiling"] == pytest.approx(fits + 0.01 * (1 - fits))
+    assert (point["metrics"]["ceiling"] == 1.0) == (budget == 16)
 
 
 def test_budgets_beyond_the_cap_interrupt_nothing(model_dir):

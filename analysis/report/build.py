@@ -17,7 +17,7 @@ import difflib
 import math
 import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -130,35 +130,18 @@ def build_report(store: Store, sweep: str, options: ReportOptions = ReportOption
     return replace(report, reruns=reruns, trackers=run_trackers(store, sweep))
 
 
-def task_ceiling(config: Mapping[str, Any]) -> float | None:
-    """The highest pass rate a run's evaluations can show, where its task knows it, else None.
-
-    sumk with a hard generation budget (`length.control` none or penalty; the penalty only shapes
-    the training reward): the share of its held-out problems whose worked completion fits, plus
-    the chance of a guess on the rest (`recipe.tasks.sumk.held_out_ceiling`). Under interruption
-    the forced answer after a drawn budget makes the ceiling a property of the draw: unknown here;
-    so is every other task's."""
-    data, length = config.get("data") or {}, config.get("length") or {}
-    if data.get("task") != "sumk" or length.get("control") not in ("none", "penalty"):
-        return None
-    from recipe.tasks import sumk  # numpy only: the control plane stays free of torch
-
-    try:
-        return sumk.held_out_ceiling(
-            int(data["num_valid_prompts"]), int(data["sumk_min_digits"]), int(data["sumk_max_digits"]),
-            int(length["max_new_tokens"]),
-        )  # fmt: skip
-    except (KeyError, TypeError, ValueError):  # an older or partial config: nothing known
-        return None
-
-
 def sweep_task_ceilings(store: Store, sweep: str) -> dict[str, float]:
-    """Configuration label -> its task's ceiling (`task_ceiling`), for the configurations whose
-    runs all know the same one."""
+    """Configuration label -> its task's ceiling, for the configurations whose runs all report
+    the same one: the highest pass rate their held-out set allows under their generation cap,
+    which the run's evaluations record where the task knows it (`ceiling` in an eval point's
+    metrics; sumk does, except under interruption)."""
+    last = store.last_eval_points(sweep)
     found: dict[str, set[float | None]] = {}
     for run in store.runs(sweep):
         label = config_label({k: v for k, v in run.axes.items() if k != "seed"}) or run.id
-        found.setdefault(label, set()).add(task_ceiling(run.config))
+        point = last.get(run.id)
+        value = None if point is None else point.metrics.get("ceiling")
+        found.setdefault(label, set()).add(float(value) if isinstance(value, (int, float)) else None)
     known = {label: next(iter(values)) for label, values in found.items() if len(values) == 1}
     return {label: value for label, value in known.items() if value is not None}
 

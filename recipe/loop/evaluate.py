@@ -77,7 +77,17 @@ def evaluate(state: RunState) -> dict[str, Any]:
         "interrupted_fraction": float(torch.cat(interrupted).float().mean()),
         "entropy": float(-torch.cat(logps).mean()),
         **pass_rate_by_difficulty(task, prompts, passes),
+        **held_out_ceiling(state),
     }
+
+
+def held_out_ceiling(state: RunState) -> dict[str, float]:
+    """`ceiling`: the highest pass rate any policy can show on the held-out set under this run's
+    generation cap, where the task knows it (`sweep report` holds predictions to it). Not under
+    `length.control=interrupt`, whose forced answers make it depend on the drawn budgets."""
+    if state.task.ceiling is None or state.cfg.length.control == "interrupt":
+        return {}
+    return {"ceiling": float(state.task.ceiling(state.max_new_tokens))}
 
 
 def pass_rate_by_difficulty(task: Task, prompts: list[str], passes: list[float]) -> dict[str, float]:

@@ -35,7 +35,6 @@ docs/effects.md.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -156,13 +155,6 @@ def held_out_prompts(
     """The held-out prompts of `prompt_sets` (drawn from their own stream: no train set needed)."""
     check_digit_range(min_digits, max_digits)
     return _draw(np.random.default_rng([SPLIT_SEED, 0]), num_valid, min_digits, max_digits, set(), unique=True)
-
-
-@functools.lru_cache(maxsize=64)
-def held_out_ceiling(num_valid: int, min_digits: int, max_digits: int, budget: int) -> float:
-    """`ceiling` of the held-out set of a run with these data settings and generation budget: the
-    highest pass rate its evaluations can show (what `sweep report` holds extrapolations to)."""
-    return ceiling(held_out_prompts(num_valid, min_digits, max_digits), budget)
 
 
 def warmup_prompts(count: int, seed: int) -> list[str]:

@@ -50,6 +50,9 @@ class Task:
     """The fewest new tokens an answer needs after the thinking phase (for the interrupt's room)."""
     difficulty: Callable[[str], int] | None = None
     """A prompt's difficulty level (sumk: its k); evaluation then reports the pass rate per level."""
+    ceiling: Callable[[int], float] | None = None
+    """The highest pass rate any policy can show on the held-out set with a given generation
+    budget, where the task knows it (sumk); evaluation then reports it (`ceiling`)."""
 
     def score(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]:
         """The reward of each completion of the matching prompt."""
@@ -99,6 +102,7 @@ def sumk_task(data: DataConfig) -> Task:
         interrupt_phrase=sumk.THINK_CLOSE,
         answer_tokens=sumk.ANSWER_TOKENS,
         difficulty=lambda prompt: len(sumk.prompt_digits(prompt)),
+        ceiling=lambda budget: sumk.ceiling(valid, budget),
     )
 
 
