@@ -14,8 +14,9 @@ checked against the final pass rate that the configuration went on to reach. Per
   which finished highest is the best.
 
 "final" is the observed pass rate at the end (`analysis.extrapolation.observed_at`: the points within
-`window` of the last compute, moved along the cut's fitted curve to it and averaged), so one noisy
-last eval does not decide the check.
+`window` of the last compute, moved along a fit on the whole run to it and averaged, a seed's
+one-eval transients left out as the fits leave them out), so one noisy last eval does not decide
+the check.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import numpy as np
 from scipy.stats import kendalltau
 
 from analysis.data import CurveLike, as_curves
-from analysis.extrapolation import Extrapolation, extrapolate, observed_at
+from analysis.extrapolation import Extrapolation, extrapolate, measured_points, observed_at
 from analysis.fit import fit_curves
 from analysis.options import DEFAULT_OPTIONS, FitOptions
 from analysis.ranking import p_best
@@ -261,11 +262,9 @@ def final_value(curves: list, options: BacktestOptions) -> float | None:
     """The final pass rate: the points within `window` of the last compute, each moved along a fit
     on all the data to it, then averaged (one value for every cut)."""
     end = max(float(c.max()) for c, _ in curves)
-    c_all = np.concatenate([c for c, _ in curves])
-    r_all = np.concatenate([r for _, r in curves])
-    order = np.argsort(c_all, kind="stable")
+    c_all, r_all = measured_points(curves)
     full = fit_curves(curves, options.fit)
-    value, _ = observed_at(c_all[order], r_all[order], end, window=options.window, trend=full.predict if full.ok else None)
+    value, _ = observed_at(c_all, r_all, end, window=options.window, trend=full.predict if full.ok else None)
     return value
 
 

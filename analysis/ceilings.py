@@ -34,9 +34,10 @@ Kept, a configuration is extrapolated with A at the task's ceiling; the members 
 share one fitted A below it (two or more) or keep their own. A window that has not yet reached
 its plateau cannot reject it, and a fitted A there is what the first quarter or half cannot pin
 down (docs/predictions.md); a configuration that stops short of the ceiling rejects it once its
-window shows the plateau, and one member's plateau says nothing about the others'. The band is
-the hull of the configuration's own band and the refit's, as for a shared A, so a held ceiling
-never narrows it.
+window shows the plateau, and one member's plateau says nothing about the others'. The
+members' own tests are made at a level that keeps the group's family-wise error at the pooled
+test's (`member_level`). The band is the hull of the configuration's own band and the refit's,
+as for a shared A, so a held ceiling never narrows it.
 """
 
 from __future__ import annotations
@@ -250,7 +251,8 @@ def _ceiling_parts(
         if holds_ceiling(list(windows.values()), ceiling, options):
             held = list(group)
         elif len(group) > 1:
-            held = [c for c in group if holds_ceiling([windows[id(c)]], ceiling, options)]
+            level = member_level(len(group))
+            held = [c for c in group if holds_ceiling([windows[id(c)]], ceiling, options, level)]
     rest = [c for c in group if all(c is not h for h in held)]
     parts: list[tuple[list[ConfigResult], float, bool]] = [(held, ceiling, True)] if held and ceiling is not None else []
     if len(rest) > 1:
@@ -258,6 +260,15 @@ def _ceiling_parts(
         if a is not None:
             parts.append((rest, a, False))
     return parts
+
+
+def member_level(members: int, level: float = TASK_CEILING_LEVEL) -> float:
+    """The level of each member's own test once its group's pooled test has rejected the ceiling:
+    Sidak's level**(1/k), so that k members that all reach the ceiling keep it together with
+    probability `level`. At 95% each, one of six true members would be rejected a quarter of the
+    time (1 - 0.95**6), and a rejected member is extrapolated with the plateau its window
+    happens to show (docs/predictions.md: two of the leave-one-out's six at 25%)."""
+    return level ** (1.0 / max(members, 1))
 
 
 def _common_ceiling(group: Sequence[ConfigResult], task_ceilings: Mapping[str, float]) -> float | None:

@@ -79,8 +79,8 @@ def extrapolate(
     Each seed stays its own series (its own R0 measurement, its own noise in the bootstrap), so
     interleaved seeds are never read as one time series. R0 ("first") still comes from the first
     points; points past fit_until are used only for the observed value, the mean over all seeds.
-    A seed's one-eval transients (a point beyond both neighbours by several noise sds) are left out
-    of the fit (`_without_transients`). `window`: relative half-width around predict_at whose points are averaged into the observed
+    A seed's one-eval transients (a point below both neighbours by several noise sds) are left out
+    of the fit and of the observed value (`_without_transients`). `window`: relative half-width around predict_at whose points are averaged into the observed
     value. One eval is noisy (binomial sd ~0.004-0.007, plus the policy's own wander from step to
     step, which near convergence is the larger part), so the check averages a few points to be
     about the curve, not about one draw; each point is first moved along the fitted curve to
@@ -97,9 +97,7 @@ def extrapolate(
     problem = make_problem(windows, options)
     boot = bootstrap_problem(problem, options, n_boot=n_boot, seed=seed, level=level, scheme=scheme)
     withheld = withheld_reason(windows, boot.fit)
-    order = np.argsort(np.concatenate([c for c, _ in seeds]), kind="stable")
-    c_all = np.concatenate([c for c, _ in seeds])[order]
-    r_all = np.concatenate([r for _, r in seeds])[order]
+    c_all, r_all = measured_points(seeds)
     trend = boot.fit.predict if withheld is None else None
     observed, n_obs = observed_at(c_all, r_all, predict_at, window=window, trend=trend)
     if withheld is None:
@@ -128,6 +126,16 @@ def extrapolate(
 def fit_window(curves: Sequence[CurveLike], fit_until: float) -> list[tuple[np.ndarray, np.ndarray]]:
     """What an extrapolation fits: each seed's points up to `fit_until`, one-eval transients out."""
     return [_without_transients(c[c <= fit_until], r[c <= fit_until]) for c, r in as_curves(curves)]
+
+
+def measured_points(curves: Sequence[CurveLike]) -> tuple[np.ndarray, np.ndarray]:
+    """What an observed value is measured on: every seed's points, its one-eval transients out
+    (as a fit leaves them out: a policy that has one bad step and recovers by the next eval was
+    never at that level), all seeds together in compute order."""
+    kept = [_without_transients(c, r) for c, r in as_curves(curves)]
+    c_all = np.concatenate([c for c, _ in kept])
+    order = np.argsort(c_all, kind="stable")
+    return c_all[order], np.concatenate([r for _, r in kept])[order]
 
 
 def _without_transients(compute: np.ndarray, pass_rate: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

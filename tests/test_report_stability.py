@@ -228,3 +228,24 @@ def test_a_one_eval_transient_is_left_out_of_the_extrapolation():
     lasting = hit.copy()
     lasting[9] -= 0.15  # two evals: a fall, not a transient; the later point stays in the fit
     assert not transients(lasting)[9]
+
+
+def test_a_one_eval_transient_near_the_end_is_left_out_of_the_observed_and_final_values():
+    """The value a prediction is checked against is measured as the fit is: a one-eval drop in
+    the last points (a bad step the next eval no longer shows) does not lower the observed pass
+    rate of `extrapolate` or the backtest's final."""
+    from analysis.backtest import BacktestOptions, final_value
+
+    rate = curve(0.7, 3000.0, 4)
+    hit = rate.copy()
+    hit[-2] -= 0.15  # within 10% of the last compute, recovered at the last eval
+    at = {"fit_until": COMPUTE[-1] / 2, "predict_at": COMPUTE[-1], "n_boot": 20}
+    clean = extrapolate([(np.delete(COMPUTE, -2), np.delete(rate, -2))], OPTIONS, **at)
+    with_hit = extrapolate([(COMPUTE, hit)], OPTIONS, **at)
+    assert with_hit.observed == pytest.approx(clean.observed) and with_hit.n_observed == clean.n_observed
+    options = BacktestOptions(fit=OPTIONS)
+    assert final_value([(COMPUTE, hit)], options) == pytest.approx(final_value([(np.delete(COMPUTE, -2), np.delete(rate, -2))], options), abs=1e-3)
+    assert final_value([(COMPUTE, hit)], options) > np.mean(hit[-2:]) + 0.05  # the drop would have pulled it down
+    lasting = hit.copy()
+    lasting[-1] -= 0.15  # a fall that lasts to the last eval is measured: two of the five points
+    assert extrapolate([(COMPUTE, lasting)], OPTIONS, **at).observed == pytest.approx(clean.observed - 2 * 0.15 / 5, abs=0.01)
