@@ -158,8 +158,9 @@ class Backtest:
 
     def earliest(self, *, share: float = 0.9, tau: float = 0.8) -> float | None:
         """The first cut from which every later cut has >= `share` within tol and a tau over the
-        separated pairs >= `tau`."""
-        ok = [c.share_within >= share and (c.tau_separated is not None and c.tau_separated >= tau) for c in self.cuts]
+        separated pairs >= `tau` (a cut with no such pair, every final within tol of the others,
+        has no order to get right)."""
+        ok = [c.share_within >= share and (c.tau_separated is None or c.tau_separated >= tau) for c in self.cuts]
         for i in range(len(ok)):
             if all(ok[i:]):
                 return self.cuts[i].fraction

@@ -63,6 +63,17 @@ def test_a_run_that_collapses_late_is_a_miss_at_early_cuts():
     assert result.earliest() is None
 
 
+def test_a_sweep_whose_finals_all_agree_is_called_on_its_errors_alone():
+    """Three configurations that end within 0.02 of each other have no order to predict: tau over
+    the separated pairs is undefined, and the sweep is called from the first cut whose
+    predictions are within 0.02."""
+    close = {"a": (0.60, 1.8, 3000.0), "b": (0.61, 1.9, 2800.0), "c": (0.605, 1.7, 3200.0)}
+    data = {k: [(COMPUTE, sigmoid(COMPUTE, A, B, Cmid, 0.3))] for k, (A, B, Cmid) in close.items()}
+    result = backtest(data, OPTIONS)
+    assert all(cut.tau_separated is None and cut.share_within == 1.0 for cut in result.cuts)
+    assert result.earliest() == 0.2
+
+
 def test_tau_apart_ignores_pairs_that_end_within_the_noise():
     from analysis.backtest import ConfigCut, separated_tau
 

@@ -95,7 +95,7 @@ def render_backtest_table(sweep: str, result: Backtest, console: Console) -> Non
         Text(
             f"winner (highest final): {winner or '-'}; "
             + (
-                f"from {earliest:.0%} of compute on, every cut has >= 90% within {result.options.tol:g} and tau >= 0.8 over the pairs whose finals differ by more than {result.options.tol:g}"
+                f"from {earliest:.0%} of compute on, every cut has >= 90% within {result.options.tol:g} and tau >= 0.8 over the pairs whose finals differ by more than {result.options.tol:g} (where any do)"
                 if earliest is not None
                 else f"no cut from which on >= 90% are within {result.options.tol:g} and tau >= 0.8 (pairs apart)"
             )
