@@ -51,11 +51,11 @@ from scipy.optimize import minimize_scalar
 from scipy.stats import f as f_dist
 
 from analysis.effects import DEFAULT_EFFECT_OPTIONS, EffectOptions
-from analysis.extrapolation import WINDOW_SKIP, extrapolate, fit_window
+from analysis.extrapolation import extrapolate, fit_window
 from analysis.fit import fit_curves
 from analysis.intervals import Interval
 from analysis.options import FitOptions
-from analysis.problem import fitted_from, num_free
+from analysis.problem import num_free
 from analysis.ranking import ABLATE_AXIS, ConfigResult, effects, fmt_axis_value
 
 TASK_CEILING_AXES: dict[str, tuple[str, ...]] = {
@@ -170,7 +170,7 @@ def holds_ceiling(windows: Windows, ceiling: float, options: FitOptions, level: 
     free = total(fitted)
     rho = _lag1_autocorrelation(windows, options.replace(fix_a=fitted))
     deflate = (1 - rho) / (1 + rho)
-    n = sum(int(np.sum(c >= fitted_from(window, options))) for window in windows for c, _ in window)
+    n = sum(len(c) for window in windows for c, _ in window)
     params = len(windows) * (num_free(options) - 1) + 1
     dof = n * deflate - params
     if dof < 1 or free <= 0:
@@ -185,11 +185,9 @@ def _lag1_autocorrelation(windows: Windows, options: FitOptions) -> float:
     products, squares = 0.0, 0.0
     for window in windows:
         fit = fit_curves(window, options)
-        start = fitted_from(window, options)
         for c, r in window:
-            fitted = c >= start
-            order = np.argsort(c[fitted], kind="stable")
-            resid = r[fitted][order] - fit.predict(c[fitted][order])
+            order = np.argsort(c, kind="stable")
+            resid = np.asarray(r, dtype=float)[order] - fit.predict(np.asarray(c, dtype=float)[order])
             products += float(np.sum(resid[1:] * resid[:-1]))
             squares += float(np.sum(resid**2))
     return float(np.clip(products / squares, 0.0, 0.9)) if squares > 0 else 0.0
@@ -245,9 +243,7 @@ def _ceiling_parts(
     its windows together do not reject it (pooled, the test is not fooled by one member's slow
     climb); when they do, each member whose own window does not reject it is still held (one
     member's plateau below it says nothing about the others'), and the members that reject it
-    share a fitted A below it. The windows are fitted as their extrapolations fit them, without
-    their start (`WINDOW_SKIP`)."""
-    options = options.replace(skip=WINDOW_SKIP)
+    share a fitted A below it."""
     windows = {id(c): fit_window(c.curve_data(), c.extrapolation.fit_until) for c in group}  # type: ignore[union-attr]
     ceiling = _common_ceiling(group, task_ceilings)
     held: list[ConfigResult] = []

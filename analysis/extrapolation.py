@@ -24,13 +24,6 @@ from analysis.intervals import BootstrapResult, Interval, Scheme, bootstrap_prob
 from analysis.options import DEFAULT_OPTIONS, FitOptions
 from analysis.problem import make_problem
 
-WINDOW_SKIP = 0.2
-"""The share of an extrapolation's window left out at its start (`FitOptions.skip`), as the paper
-leaves its first 1.5k GPU-hours out of a fit to 8k. The start of a run is shaped by what the
-sigmoid does not model (the lr warm-up, a first fast phase of the easy problems), and the project's
-dense early evals make it most of the window's points: fitted, it sets B and Cmid, and the curve
-extrapolated from them misses where the run goes next (docs/predictions.md)."""
-
 
 @dataclass(frozen=True)
 class Extrapolation:
@@ -80,7 +73,6 @@ def extrapolate(
     level: float = 0.95,
     window: float = 0.1,
     scheme: Scheme = "noise_model",
-    skip: float = WINDOW_SKIP,
 ) -> Extrapolation:
     """Fit one configuration's seeds on compute <= fit_until jointly and predict at `predict_at`.
 
@@ -93,11 +85,8 @@ def extrapolate(
     step, which near convergence is the larger part), so the check averages a few points to be
     about the curve, not about one draw; each point is first moved along the fitted curve to
     predict_at, so a curve still rising inside the window does not bias the mean low.
-    `skip`: the share of the window's compute left out of the fit at its start (`WINDOW_SKIP`,
-    replacing `options.skip`); R0 ("first") is still the first point.
     """
     seeds = as_curves(curves)
-    options = options.replace(skip=skip)
     if not (math.isfinite(fit_until) and fit_until > options.cutoff):
         raise ValueError(f"fit_until must be a finite number > cutoff ({options.cutoff}), got {fit_until!r}")
     if not (math.isfinite(predict_at) and predict_at > 0):

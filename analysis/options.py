@@ -33,11 +33,6 @@ class FitOptions:
         bias is negligible. A fixed R0 keeps B and Cmid identifiable on short runs.
         "fit": R0 is a fourth free parameter in [0, 1]. A float: R0 held at that value.
     cutoff: points with compute < cutoff are left out of the fit (paper: ~1.5k of 16k GPU-hours).
-    skip: a share of the fitted curves' compute left out at its start, on top of `cutoff`: points
-        with compute < skip x the largest compute given are not fitted. The paper's cutoff scaled
-        to whatever part of a run is fitted: its half-budget fits leave out 1.5k of 8k GPU-hours,
-        ~0.19 of their window. Extrapolations use `analysis.extrapolation.WINDOW_SKIP`; 0 (every
-        point fitted) elsewhere. R0 "first" still comes from the first point.
     method: "fast" (bounded direct least squares, falls back to the grid) or "reference" (the
         paper's grid search).
     a_bounds: range of A for both methods; the reference grid is cut to it.
@@ -64,7 +59,6 @@ class FitOptions:
 
     r0: R0Mode = "first"
     cutoff: float = 0.0
-    skip: float = 0.0
     method: Method = "fast"
     a_bounds: tuple[float, float] = (0.0, 1.0)
     a_grid: tuple[float, ...] | None = None
@@ -84,8 +78,6 @@ class FitOptions:
         self._check_r0()
         if not (math.isfinite(self.cutoff) and self.cutoff >= 0):
             raise ValueError(f"cutoff must be a finite number >= 0, got {self.cutoff!r}")
-        if not 0.0 <= self.skip < 1.0:
-            raise ValueError(f"skip must lie in [0, 1), got {self.skip!r}")
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
         lo, hi = _pair("a_bounds", self.a_bounds)

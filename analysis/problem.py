@@ -54,8 +54,7 @@ class Problem:
 
 def make_problem(curves: list[Curve], options: FitOptions) -> Problem:
     """Cut each seed's curve at the cutoff, pool the windows and resolve R0 (see FitOptions.r0)."""
-    cutoff = fitted_from(curves, options)
-    windows = [(c[c >= cutoff], r[c >= cutoff]) for c, r in curves]
+    windows = [(c[c >= options.cutoff], r[c >= options.cutoff]) for c, r in curves]
     compute = np.concatenate([w[0] for w in windows]) if windows else np.empty(0)
     pass_rate = np.concatenate([w[1] for w in windows]) if windows else np.empty(0)
     return Problem(
@@ -66,19 +65,6 @@ def make_problem(curves: list[Curve], options: FitOptions) -> Problem:
         design=Design.from_compute(compute),
         first_rates=tuple(_first_rate(c, r) for c, r in curves),
     )
-
-
-def fitted_from(curves: list[Curve], options: FitOptions) -> float:
-    """The lowest compute that is fitted: the cutoff, or `skip` of the curves' largest compute
-    where that leaves `min_points` (a sparse schedule keeps its early call: the skip gives way
-    before the fit runs out of points, the cutoff never does)."""
-    compute = np.sort(np.concatenate([c for c, _ in curves]))[::-1] if curves else np.empty(0)
-    if not (options.skip and compute.size):
-        return options.cutoff
-    start = options.skip * float(compute[0])
-    if int(np.sum(compute >= start)) < options.min_points:
-        start = float(compute[min(options.min_points, compute.size) - 1])
-    return max(options.cutoff, start)
 
 
 def resolve_r0(curves: list[Curve], options: FitOptions) -> float:

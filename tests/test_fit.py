@@ -170,20 +170,6 @@ def test_r0_first_uses_the_first_eval_even_before_the_cutoff() -> None:
     assert fit.compute_min >= 1500 and fit.n_points == int((compute >= 1500).sum())
 
 
-def test_skip_leaves_out_the_start_of_what_is_fitted_and_gives_way_before_too_few_points() -> None:
-    compute = np.r_[np.arange(0.0, 200.0, 10.0), np.arange(200.0, 401.0, 50.0)]
-    rate = sigmoid(compute, 0.7, 1.2, 150.0, 0.2)
-    problem = make_problem([(compute, rate)], FitOptions(skip=0.2))  # 0.2 x 400: from compute 80 on
-    assert problem.compute_min == 80.0 and problem.n_points == int((compute >= 80.0).sum())
-    assert problem.r0 == 0.2  # R0 "first" is still the run's first point
-    assert make_problem([(compute, rate)], FitOptions(skip=0.2, cutoff=120.0)).compute_min == 120.0
-    sparse = np.arange(0.0, 201.0, 50.0)  # five points: skipping 0-40 would leave four
-    kept = make_problem([(sparse, sigmoid(sparse, 0.7, 1.2, 150.0, 0.2))], FitOptions(skip=0.2))
-    assert kept.n_points == 5
-    with pytest.raises(ValueError, match="skip must lie in"):
-        FitOptions(skip=1.0)
-
-
 def test_r0_fit_recovers_r0_when_evals_start_late() -> None:
     A, B, Cmid, _ = RUNS["scalerl"]
     compute = np.linspace(800.0, 16_000.0, 80)  # first eval already well up the curve
