@@ -37,7 +37,11 @@ down (docs/predictions.md); a configuration that stops short of the ceiling reje
 window shows the plateau, and one member's plateau says nothing about the others'. The
 members' own tests are made at a level that keeps the group's family-wise error at the pooled
 test's (`member_level`). The band is the hull of the configuration's own band and the refit's,
-as for a shared A, so a held ceiling never narrows it.
+as for a shared A, so a held ceiling never narrows it. A member whose window rejects the ceiling
+is predicted by the plateau its window shows, and its band also takes in the band of the held
+fit: a window rejects the ceiling by where it flattens, and every sumk run measured that did so
+(the budget-9 runs' plateau at 0.30-0.33 of a 0.37 ceiling) climbed on after the cut, beyond its
+own band (docs/predictions.md).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from scipy.optimize import minimize_scalar
 from scipy.stats import f as f_dist
 
 from analysis.effects import DEFAULT_EFFECT_OPTIONS, EffectOptions
-from analysis.extrapolation import extrapolate, fit_window
+from analysis.extrapolation import Extrapolation, extrapolate, fit_window
 from analysis.fit import fit_curves
 from analysis.intervals import Interval
 from analysis.options import FitOptions
@@ -213,29 +217,50 @@ def share_ceilings(
     if ceiling_axes is None:
         return list(configs)
     separating = separating_axes(configs, ceiling_axes, effect_options)
+
+    def at_a(c: ConfigResult, a: float) -> Extrapolation:
+        own = c.extrapolation
+        assert own is not None
+        return extrapolate(
+            c.curve_data(), options.replace(fix_a=a), fit_until=own.fit_until, predict_at=own.predict_at,
+            n_boot=n_boot, seed=seed, level=level, window=window,
+        )  # fmt: skip
+
     refitted: dict[int, ConfigResult] = {}
     for group in ceiling_groups(configs, separating):
-        for members, a, held in _ceiling_parts(group, options, task_ceilings or {}):
+        ceiling = _common_ceiling(group, task_ceilings or {})
+        kept: set[int] = set()
+        for members, a, held in _ceiling_parts(group, options, ceiling):
             for c in members:
-                own = c.extrapolation
-                assert own is not None
-                shared = extrapolate(
-                    c.curve_data(), options.replace(fix_a=a), fit_until=own.fit_until, predict_at=own.predict_at,
-                    n_boot=n_boot, seed=seed, level=level, window=window,
-                )  # fmt: skip
+                kept.update([id(c)] if held else [])
+                shared = at_a(c, a)
                 if not shared.predicts:
                     continue
-                band = Interval(min(own.band.lo, shared.band.lo), max(own.band.hi, shared.band.hi))
-                within = None if shared.observed is None else band.contains(shared.observed)
                 extrapolation = replace(
-                    shared, band=band, within_band=within, shared_with=len(members), task_ceiling=a if held else None
+                    _hull(shared, c.extrapolation.band), shared_with=len(members), task_ceiling=a if held else None  # type: ignore[union-attr]
                 )
                 refitted[id(c)] = replace(c, extrapolation=extrapolation)
+        if ceiling is None:
+            continue
+        for c in group:  # rejected the task's ceiling: its band still reaches the held prediction's
+            if id(c) in kept:
+                continue
+            current = refitted.get(id(c), c)
+            held_there = at_a(c, ceiling)
+            if held_there.predicts:
+                refitted[id(c)] = replace(current, extrapolation=_hull(current.extrapolation, held_there.band))  # type: ignore[arg-type]
     return [refitted.get(id(c), c) for c in configs]
 
 
+def _hull(extrapolation: Extrapolation, other: Interval) -> Extrapolation:
+    """The extrapolation with its band widened to cover `other` too (its coverage redone)."""
+    band = Interval(min(extrapolation.band.lo, other.lo), max(extrapolation.band.hi, other.hi))
+    within = None if extrapolation.observed is None else band.contains(extrapolation.observed)
+    return replace(extrapolation, band=band, within_band=within)
+
+
 def _ceiling_parts(
-    group: Sequence[ConfigResult], options: FitOptions, task_ceilings: Mapping[str, float]
+    group: Sequence[ConfigResult], options: FitOptions, ceiling: float | None
 ) -> list[tuple[list[ConfigResult], float, bool]]:
     """How one ceiling group is extrapolated: (members, their A, whether it is the task's ceiling).
 
@@ -245,7 +270,6 @@ def _ceiling_parts(
     member's plateau below it says nothing about the others'), and the members that reject it
     share a fitted A below it."""
     windows = {id(c): fit_window(c.curve_data(), c.extrapolation.fit_until) for c in group}  # type: ignore[union-attr]
-    ceiling = _common_ceiling(group, task_ceilings)
     held: list[ConfigResult] = []
     if ceiling is not None:
         if holds_ceiling(list(windows.values()), ceiling, options):
