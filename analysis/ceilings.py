@@ -229,10 +229,9 @@ def share_ceilings(
     refitted: dict[int, ConfigResult] = {}
     for group in ceiling_groups(configs, separating):
         ceiling = _common_ceiling(group, task_ceilings or {})
-        kept: set[int] = set()
-        for members, a, held in _ceiling_parts(group, options, ceiling):
+        parts = _ceiling_parts(group, options, ceiling)
+        for members, a, held in parts:
             for c in members:
-                kept.update([id(c)] if held else [])
                 shared = at_a(c, a)
                 if not shared.predicts:
                     continue
@@ -242,8 +241,9 @@ def share_ceilings(
                 refitted[id(c)] = replace(c, extrapolation=extrapolation)
         if ceiling is None:
             continue
+        held_ids = {id(c) for members, _, held in parts if held for c in members}
         for c in group:  # rejected the task's ceiling: its band still reaches the held prediction's
-            if id(c) in kept:
+            if id(c) in held_ids:
                 continue
             current = refitted.get(id(c), c)
             held_there = at_a(c, ceiling)
